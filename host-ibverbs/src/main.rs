@@ -1,0 +1,2 @@
+//! The `metaroce` command-line tool.
+fn main() {}

@@ -1,0 +1,147 @@
+//! The invariant CRC of RoCEv2 (IBTA Annex A17.3.3), computed exactly as ConnectX NICs and
+//! Linux rxe compute it.
+//!
+//! ICRC = CRC-32 (the zlib / IEEE 802.3 polynomial, reflected, initial and final XOR all ones) over
+//! eight bytes of `0xff` standing for the masked LRH, then the IP header, the UDP header, the BTH,
+//! the extension headers, the payload and the pad, with the fields that routers and switches may
+//! change replaced by all ones: IPv4 TOS, TTL and header checksum; IPv6 traffic class, flow label
+//! and hop limit; the UDP checksum; BTH byte 4 (FECN, BECN and six reserved bits). It is stored
+//! least significant byte first. IPv4 options, when present, are covered as they stand.
+//!
+//! [`crc32`] is the one function behind which the CRC engine sits: with the default `fast-crc`
+//! feature it is `crc32fast` (PCLMULQDQ folding on x86_64, the ARMv8 CRC32 instructions on
+//! aarch64; detected at run time when the final binary enables `crc32fast/std`), otherwise the
+//! `crc` crate's slice-by-16 table, which builds for every target. `docs/BENCHMARKS.md` holds the
+//! measurement that chose them.
+
+/// Bytes of the masked prefix: 8 (LRH) + 60 (largest IPv4 header) + 8 (UDP) + 12 (BTH).
+const PREFIX_MAX: usize = 8 + 60 + 8 + 12;
+
+#[cfg(not(feature = "fast-crc"))]
+static TABLE: crc::Crc<u32, crc::Table<16>> =
+    crc::Crc::<u32, crc::Table<16>>::new(&crc::CRC_32_ISO_HDLC);
+
+/// An incremental CRC-32 (zlib) over the engine this build selected.
+struct Hasher {
+    #[cfg(feature = "fast-crc")]
+    inner: crc32fast::Hasher,
+    #[cfg(not(feature = "fast-crc"))]
+    inner: crc::Digest<'static, u32, crc::Table<16>>,
+}
+
+impl Hasher {
+    #[inline(always)]
+    fn new() -> Self {
+        #[cfg(feature = "fast-crc")]
+        let inner = crc32fast::Hasher::new();
+        #[cfg(not(feature = "fast-crc"))]
+        let inner = TABLE.digest();
+        Hasher { inner }
+    }
+
+    #[inline(always)]
+    fn update(&mut self, bytes: &[u8]) {
+        self.inner.update(bytes);
+    }
+
+    #[inline(always)]
+    fn finish(self) -> u32 {
+        #[cfg(feature = "fast-crc")]
+        return self.inner.finalize();
+        #[cfg(not(feature = "fast-crc"))]
+        return self.inner.finalize();
+    }
+}
+
+/// CRC-32 as zlib computes it, on this build's fastest engine.
+#[inline]
+pub fn crc32(bytes: &[u8]) -> u32 {
+    let mut h = Hasher::new();
+    h.update(bytes);
+    h.finish()
+}
+
+/// The ICRC of a RoCEv2 packet.
+///
+/// `ip_header` is the whole IPv4 (options included) or IPv6 header as it is on the wire,
+/// `udp_header` the 8-byte UDP header, and `transport` everything from the BTH to the end of the
+/// pad (the ICRC itself excluded). Which IP version applies is read from `ip_header`. Inputs that
+/// are shorter than their headers are hashed as they are; this function never panics.
+pub fn compute(ip_header: &[u8], udp_header: &[u8], transport: &[u8]) -> u32 {
+    let mut prefix = [0xffu8; PREFIX_MAX];
+    let ip_len = ip_header.len().min(60);
+    let ip = &mut prefix[8..8 + ip_len];
+    ip.copy_from_slice(&ip_header[..ip_len]);
+    let version = ip.first().map_or(0, |b| b >> 4);
+    let masks: &[usize] = if version == 6 { &[1, 2, 3, 7] } else { &[1, 8, 10, 11] };
+    for &i in masks {
+        if let Some(b) = ip.get_mut(i) {
+            *b = 0xff;
+        }
+    }
+    if version == 6 {
+        if let Some(b) = ip.first_mut() {
+            *b |= 0x0f;
+        }
+    }
+    let mut n = 8 + ip_len;
+    let udp_len = udp_header.len().min(8);
+    prefix[n..n + udp_len].copy_from_slice(&udp_header[..udp_len]);
+    if udp_len == 8 {
+        prefix[n + 6] = 0xff;
+        prefix[n + 7] = 0xff;
+    }
+    n += udp_len;
+    let bth_len = transport.len().min(12);
+    prefix[n..n + bth_len].copy_from_slice(&transport[..bth_len]);
+    if bth_len > 4 {
+        prefix[n + 4] = 0xff;
+    }
+    n += bth_len;
+    let mut h = Hasher::new();
+    h.update(&prefix[..n]);
+    h.update(&transport[bth_len..]);
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc32_check_value() {
+        // The CRC-32/ISO-HDLC check value.
+        assert_eq!(crc32(b"123456789"), 0xcbf4_3926);
+        let reference = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC);
+        let data: std::vec::Vec<u8> = (0..5000u32).map(|i| (i * 7 + 3) as u8).collect();
+        for len in [0, 1, 15, 16, 63, 64, 65, 4096, 5000] {
+            assert_eq!(crc32(&data[..len]), reference.checksum(&data[..len]));
+        }
+    }
+
+    #[test]
+    fn connectx_cnp_icrc() {
+        // The CNP captured on a ConnectX-4 Lx (scapy's roce.uts): ICRC 0x2a00fd82 stored LSB first.
+        let hex = "45c2003c718c4000401191610a0011010a001201000012b7002800008100ffff40000118\
+                   000000000000000000000000000000000000000082fd002a";
+        let frame: std::vec::Vec<u8> = (0..hex.len() / 2)
+            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+            .collect();
+        let frame = &frame[..frame.len() - 4];
+        let icrc = compute(&frame[..20], &frame[20..28], &frame[28..]);
+        assert_eq!(icrc.to_le_bytes(), [0x82, 0xfd, 0x00, 0x2a]);
+    }
+
+    #[test]
+    fn short_inputs_never_panic() {
+        for ip in 0..3 {
+            for udp in 0..9 {
+                for t in 0..14 {
+                    let buf = [0x60u8; 64];
+                    let _ = compute(&buf[..ip], &buf[..udp], &buf[..t]);
+                }
+            }
+        }
+        let _ = compute(&[0x45; 100], &[0; 8], &[0; 12]);
+    }
+}

@@ -1,0 +1,215 @@
+//! Whole frames: [`parse`] walks Ethernet, IP, UDP, BTH, the extension headers, payload, pad and
+//! ICRC of any byte string without panicking; [`FrameRepr::emit`] writes a complete frame into a
+//! caller's buffer with every length, the IPv4 checksum, the optional UDP checksum and the ICRC.
+//! `parse(emit(x)) == x` for every valid `x`.
+//!
+//! RoCEv2 and MetaRoCE frames go through the same entry point: they differ only in the BTH opcode,
+//! which selects the extension headers ([`Opcode::layout`](super::Opcode::layout)).
+
+use super::ip::{IpRepr, Ipv4Repr, Ipv6Repr};
+use super::{
+    fold, ones_complement_sum, truncated, BthRepr, EtherType, EthernetRepr, Error, Extensions,
+    Header, UdpRepr, ROCEV2_PORT,
+};
+use crate::icrc;
+
+/// What to do with the ICRC while parsing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum IcrcCheck {
+    /// Compute it and refuse the frame when it is wrong.
+    Verify,
+    /// Compute it and report both values in [`Parsed`], without refusing the frame.
+    Report,
+    /// Do not compute it (the NIC or a lower layer already checked it).
+    Skip,
+}
+
+/// How strictly to parse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct ParseOptions {
+    /// The UDP destination port that marks RoCEv2 (4791 unless configured otherwise).
+    pub port: u16,
+    /// Verify the IPv4 header checksum.
+    pub verify_ip_checksum: bool,
+    /// Verify the UDP checksum when it is not zero.
+    pub verify_udp_checksum: bool,
+    /// What to do with the ICRC.
+    pub icrc: IcrcCheck,
+}
+
+impl Default for ParseOptions {
+    fn default() -> Self {
+        ParseOptions {
+            port: ROCEV2_PORT,
+            verify_ip_checksum: true,
+            verify_udp_checksum: true,
+            icrc: IcrcCheck::Verify,
+        }
+    }
+}
+
+/// A RoCEv2 or MetaRoCE frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct FrameRepr<'a> {
+    /// Ethernet header; its EtherType must name the IP version of `ip`.
+    pub eth: EthernetRepr,
+    /// IP header.
+    pub ip: IpRepr<'a>,
+    /// UDP header.
+    pub udp: UdpRepr,
+    /// Base transport header; its pad count says how many zero bytes follow the payload.
+    pub bth: BthRepr,
+    /// Extension headers: exactly those the opcode carries.
+    pub ext: Extensions,
+    /// Payload (without the pad).
+    pub payload: &'a [u8],
+}
+
+/// A parsed frame with what was learned about its ICRC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Parsed<'a> {
+    /// The frame.
+    pub repr: FrameRepr<'a>,
+    /// The ICRC the frame carries.
+    pub icrc: u32,
+    /// The ICRC computed over the frame, unless [`IcrcCheck::Skip`] was asked for.
+    pub icrc_computed: Option<u32>,
+    /// Bytes after the IP packet (Ethernet padding), not covered by anything.
+    pub trailer_len: usize,
+}
+
+impl Parsed<'_> {
+    /// Whether the stored ICRC is the computed one (`None` when it was not computed).
+    pub fn icrc_ok(&self) -> Option<bool> {
+        self.icrc_computed.map(|c| c == self.icrc)
+    }
+}
+
+/// Parses a frame with every check on: IPv4 checksum, non-zero UDP checksums and the ICRC.
+pub fn parse(frame: &[u8]) -> Result<Parsed<'_>, Error> {
+    parse_with(frame, &ParseOptions::default())
+}
+
+/// Parses a frame with the given checks. Never panics, whatever the bytes.
+pub fn parse_with<'a>(frame: &'a [u8], opts: &ParseOptions) -> Result<Parsed<'a>, Error> {
+    let (eth, rest) = EthernetRepr::parse(frame)?;
+    let (ip, ip_header, ip_payload) = match eth.ethertype {
+        EtherType::IPV4 => {
+            let (r, h, p) = Ipv4Repr::parse(rest, opts.verify_ip_checksum)?;
+            (IpRepr::V4(r), h, p)
+        }
+        EtherType::IPV6 => {
+            let (r, h, p) = Ipv6Repr::parse(rest)?;
+            (IpRepr::V6(r), h, p)
+        }
+        other => return Err(Error::UnsupportedEtherType(other)),
+    };
+    let trailer_len = rest.len() - ip_header.len() - ip_payload.len();
+    let (udp, stored_udp, datagram) = UdpRepr::parse(ip_payload)?;
+    if udp.dst_port != opts.port {
+        return Err(Error::NotRoce(udp.dst_port));
+    }
+    let udp_bytes = &ip_payload[..UdpRepr::LEN + datagram.len()];
+    if opts.verify_udp_checksum && stored_udp != 0 {
+        let sum = ones_complement_sum(ip.pseudo_header_sum(udp_bytes.len()), udp_bytes);
+        if sum != 0xffff {
+            let computed = udp_checksum(&ip, udp_bytes);
+            return Err(Error::UdpChecksum { stored: stored_udp, computed });
+        }
+    }
+    let (bth, after_bth) = BthRepr::parse(datagram)?;
+    let (ext, body) = Extensions::parse(bth.opcode.layout(), after_bth)?;
+    let Some(payload_end) = body.len().checked_sub(4) else {
+        return Err(truncated(Header::Icrc, 4, body.len()));
+    };
+    let (payload_and_pad, icrc_bytes) = body.split_at(payload_end);
+    let pad = usize::from(bth.pad_count);
+    let Some(payload_len) = payload_and_pad.len().checked_sub(pad) else {
+        return Err(Error::PadCount { pad: bth.pad_count, available: payload_and_pad.len() });
+    };
+    let icrc = u32::from_le_bytes([icrc_bytes[0], icrc_bytes[1], icrc_bytes[2], icrc_bytes[3]]);
+    let icrc_computed = match opts.icrc {
+        IcrcCheck::Skip => None,
+        IcrcCheck::Verify | IcrcCheck::Report => {
+            let transport = &datagram[..datagram.len() - 4];
+            let computed = icrc::compute(ip_header, &udp_bytes[..UdpRepr::LEN], transport);
+            if opts.icrc == IcrcCheck::Verify && computed != icrc {
+                return Err(Error::Icrc { stored: icrc, computed });
+            }
+            Some(computed)
+        }
+    };
+    let repr =
+        FrameRepr { eth, ip, udp, bth, ext, payload: &payload_and_pad[..payload_len] };
+    Ok(Parsed { repr, icrc, icrc_computed, trailer_len })
+}
+
+/// The UDP checksum a datagram should carry, computed with its checksum field taken as zero.
+fn udp_checksum(ip: &IpRepr<'_>, udp_bytes: &[u8]) -> u16 {
+    let acc = ones_complement_sum(ip.pseudo_header_sum(udp_bytes.len()), &udp_bytes[..6]);
+    let acc = ones_complement_sum(acc, &udp_bytes[8..]);
+    match !(fold(acc) as u16) {
+        0 => 0xffff,
+        c => c,
+    }
+}
+
+impl FrameRepr<'_> {
+    /// Bytes from the BTH to the end of the ICRC.
+    pub fn transport_len(&self) -> usize {
+        BthRepr::LEN + self.ext.len() + self.payload.len() + usize::from(self.bth.pad_count) + 4
+    }
+
+    /// Bytes the whole frame occupies (no Ethernet padding, no FCS).
+    pub fn buffer_len(&self) -> usize {
+        self.eth.header_len() + self.ip.header_len() + UdpRepr::LEN + self.transport_len()
+    }
+
+    /// Writes the frame to the front of `buf` and returns its length.
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, Error> {
+        let expected_type = match self.ip {
+            IpRepr::V4(_) => EtherType::IPV4,
+            IpRepr::V6(_) => EtherType::IPV6,
+        };
+        if self.eth.ethertype != expected_type {
+            return Err(Error::FieldRange("EtherType (it must name the IP version)"));
+        }
+        let total = self.buffer_len();
+        let Some(frame) = buf.get_mut(..total) else {
+            return Err(Error::BufferTooSmall { needed: total, available: buf.len() });
+        };
+        let udp_len = UdpRepr::LEN + self.transport_len();
+        let rest = self.eth.emit(frame)?;
+        let rest = match &self.ip {
+            IpRepr::V4(r) => r.emit(rest, udp_len)?,
+            IpRepr::V6(r) => r.emit(rest, udp_len)?,
+        };
+        let rest = self.udp.emit(rest, udp_len - UdpRepr::LEN)?;
+        let rest = self.bth.emit(rest)?;
+        let rest = self.ext.emit(self.bth.opcode.layout(), rest)?;
+        let (payload, rest) = rest.split_at_mut(self.payload.len());
+        payload.copy_from_slice(self.payload);
+        let (pad, _icrc) = rest.split_at_mut(usize::from(self.bth.pad_count));
+        pad.fill(0);
+
+        let ip_start = self.eth.header_len();
+        let udp_start = ip_start + self.ip.header_len();
+        let bth_start = udp_start + UdpRepr::LEN;
+        let icrc_start = total - 4;
+        let value = icrc::compute(
+            &frame[ip_start..udp_start],
+            &frame[udp_start..bth_start],
+            &frame[bth_start..icrc_start],
+        );
+        frame[icrc_start..].copy_from_slice(&value.to_le_bytes());
+        if self.udp.checksum {
+            let c = udp_checksum(&self.ip, &frame[udp_start..]);
+            frame[udp_start + 6..udp_start + 8].copy_from_slice(&c.to_be_bytes());
+        }
+        Ok(total)
+    }
+}
