@@ -113,7 +113,7 @@ fn fill(obj: &mut Map<String, Value>, p: &Parsed<'_>, raw: &[u8]) {
             "psn": b.psn.get(),
         }),
     );
-    let e = &r.ext;
+    let e = &r.ext.fields();
     if let Some(d) = e.mr_data {
         obj.insert(
             "mr_data".into(),

@@ -7,7 +7,7 @@ use transport_core::wire::metaroce::{
 };
 use transport_core::wire::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Ecn, EtherType, EthernetRepr,
-    Extensions, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, MacAddr, Opcode, Psn, Qpn, RethRepr,
+    ExtensionFields, Extensions, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, MacAddr, Opcode, Psn, Qpn, RethRepr,
     Transport, UdpRepr, VlanTag, ROCEV2_PORT,
 };
 
@@ -172,7 +172,7 @@ fn mac(rng: &mut Rng) -> [u8; 6] {
 
 fn extensions(rng: &mut Rng, opcode: Opcode, payload_len: usize) -> Extensions {
     let l = opcode.layout();
-    let mut ext = Extensions::default();
+    let mut ext = ExtensionFields::default();
     if l.has_mr_data() {
         let msg_len = (rng.u32() >> rng.below(32)).max(payload_len as u32);
         let msg_offset = rng.below(u64::from(msg_len) - payload_len as u64 + 1) as u32;
@@ -255,7 +255,7 @@ fn extensions(rng: &mut Rng, opcode: Opcode, payload_len: usize) -> Extensions {
             ts_echo: if reply { rng.u32() } else { 0 },
         });
     }
-    ext
+    Extensions::from_fields(l, &ext).expect("fields drawn from the opcode's own layout")
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use host_ibverbs::capture;
 use std::net::Ipv4Addr;
 use tests::{data, hex_frames};
 use transport_core::wire::{
-    parse, AckSyndrome, Ecn, IpRepr, MacAddr, Opcode, Parsed, Psn, Qpn, VlanTag,
+    parse, AckSyndrome, Ecn, Extensions, IpRepr, MacAddr, Opcode, Parsed, Psn, Qpn, VlanTag,
 };
 
 fn v4(p: &Parsed<'_>) -> (Ipv4Addr, Ipv4Addr, u8, Ecn) {
@@ -33,7 +33,7 @@ fn connectx_frames_parse_with_the_right_fields() {
     assert_eq!(cnp.bth.opcode, Opcode::Cnp);
     assert!(cnp.bth.becn && !cnp.bth.fecn);
     assert_eq!((cnp.bth.pkey, cnp.bth.dest_qp), (0xffff, Qpn::new(0x118)));
-    assert!(cnp.ext.cnp && cnp.payload.is_empty());
+    assert!(cnp.ext == Extensions::Cnp && cnp.payload.is_empty());
     assert_eq!(parsed[0].icrc, 0x2a00_fd82);
 
     // 2 and 3: UD SEND_ONLY carrying a CM MAD on VLAN 1, QP1, Q_Key 0x80010000.
@@ -45,7 +45,7 @@ fn connectx_frames_parse_with_the_right_fields() {
         assert_eq!(r.bth.opcode, Opcode::UdSendOnly);
         assert!(r.bth.mig_req);
         assert_eq!((r.bth.dest_qp, r.bth.psn), (Qpn::new(1), Psn::new(psn)));
-        let deth = r.ext.deth.expect("UD carries a DETH");
+        let deth = r.ext.deth().expect("UD carries a DETH");
         assert_eq!((deth.qkey, deth.src_qp), (0x8001_0000, Qpn::new(1)));
         assert_eq!(r.payload.len(), 256);
         assert_eq!(r.payload[..4], [0x01, 0x07, 0x02, 0x03]); // MAD header: CM class version 2
@@ -63,7 +63,7 @@ fn connectx_frames_parse_with_the_right_fields() {
         let r = &parsed[i].repr;
         assert_eq!(r.bth.opcode, Opcode::RcAck);
         assert_eq!(r.bth.psn, Psn::new(psn));
-        let aeth = r.ext.aeth.expect("an ACK carries an AETH");
+        let aeth = r.ext.aeth().expect("an ACK carries an AETH");
         assert_eq!(aeth.msn, msn);
         assert_eq!(aeth.kind(), AckSyndrome::Ack { credit: 0 });
     }
@@ -74,7 +74,7 @@ fn connectx_frames_parse_with_the_right_fields() {
     assert_eq!(parsed[6].repr.udp.src_port, 0);
     let ack = &parsed[7].repr;
     assert_eq!(ack.bth.psn, Psn::new(0x466f1e));
-    assert_eq!(ack.ext.aeth.map(|a| a.msn), Some(0x0e6f02));
+    assert_eq!(ack.ext.aeth().map(|a| a.msn), Some(0x0e6f02));
 }
 
 #[test]

@@ -142,118 +142,116 @@ macro_rules! opcodes {
             pub const fn layout(self) -> Layout {
                 match self {
                     $( Opcode::$name => $layout, )*
-                    Opcode::Unknown(_) => Layout::NONE,
+                    Opcode::Unknown(_) => Layout::None,
                 }
             }
         }
     };
 }
 
-const L: Layout = Layout::NONE;
-
 opcodes! {
     /// RC SEND first.
-    RcSendFirst = 0x00, "RC_SEND_FIRST", L;
+    RcSendFirst = 0x00, "RC_SEND_FIRST", Layout::None;
     /// RC SEND middle.
-    RcSendMiddle = 0x01, "RC_SEND_MIDDLE", L;
+    RcSendMiddle = 0x01, "RC_SEND_MIDDLE", Layout::None;
     /// RC SEND last.
-    RcSendLast = 0x02, "RC_SEND_LAST", L;
+    RcSendLast = 0x02, "RC_SEND_LAST", Layout::None;
     /// RC SEND last with immediate.
-    RcSendLastImm = 0x03, "RC_SEND_LAST_WITH_IMMEDIATE", L.immdt();
+    RcSendLastImm = 0x03, "RC_SEND_LAST_WITH_IMMEDIATE", Layout::Imm;
     /// RC SEND only.
-    RcSendOnly = 0x04, "RC_SEND_ONLY", L;
+    RcSendOnly = 0x04, "RC_SEND_ONLY", Layout::None;
     /// RC SEND only with immediate.
-    RcSendOnlyImm = 0x05, "RC_SEND_ONLY_WITH_IMMEDIATE", L.immdt();
+    RcSendOnlyImm = 0x05, "RC_SEND_ONLY_WITH_IMMEDIATE", Layout::Imm;
     /// RC RDMA WRITE first.
-    RcWriteFirst = 0x06, "RC_RDMA_WRITE_FIRST", L.reth();
+    RcWriteFirst = 0x06, "RC_RDMA_WRITE_FIRST", Layout::Reth;
     /// RC RDMA WRITE middle.
-    RcWriteMiddle = 0x07, "RC_RDMA_WRITE_MIDDLE", L;
+    RcWriteMiddle = 0x07, "RC_RDMA_WRITE_MIDDLE", Layout::None;
     /// RC RDMA WRITE last.
-    RcWriteLast = 0x08, "RC_RDMA_WRITE_LAST", L;
+    RcWriteLast = 0x08, "RC_RDMA_WRITE_LAST", Layout::None;
     /// RC RDMA WRITE last with immediate.
-    RcWriteLastImm = 0x09, "RC_RDMA_WRITE_LAST_WITH_IMMEDIATE", L.immdt();
+    RcWriteLastImm = 0x09, "RC_RDMA_WRITE_LAST_WITH_IMMEDIATE", Layout::Imm;
     /// RC RDMA WRITE only.
-    RcWriteOnly = 0x0a, "RC_RDMA_WRITE_ONLY", L.reth();
+    RcWriteOnly = 0x0a, "RC_RDMA_WRITE_ONLY", Layout::Reth;
     /// RC RDMA WRITE only with immediate.
-    RcWriteOnlyImm = 0x0b, "RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", L.reth().immdt();
+    RcWriteOnlyImm = 0x0b, "RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Layout::RethImm;
     /// RC RDMA READ request.
-    RcReadRequest = 0x0c, "RC_RDMA_READ_REQUEST", L.reth();
+    RcReadRequest = 0x0c, "RC_RDMA_READ_REQUEST", Layout::Reth;
     /// RC RDMA READ response first.
-    RcReadResponseFirst = 0x0d, "RC_RDMA_READ_RESPONSE_FIRST", L.aeth();
+    RcReadResponseFirst = 0x0d, "RC_RDMA_READ_RESPONSE_FIRST", Layout::Aeth;
     /// RC RDMA READ response middle.
-    RcReadResponseMiddle = 0x0e, "RC_RDMA_READ_RESPONSE_MIDDLE", L;
+    RcReadResponseMiddle = 0x0e, "RC_RDMA_READ_RESPONSE_MIDDLE", Layout::None;
     /// RC RDMA READ response last.
-    RcReadResponseLast = 0x0f, "RC_RDMA_READ_RESPONSE_LAST", L.aeth();
+    RcReadResponseLast = 0x0f, "RC_RDMA_READ_RESPONSE_LAST", Layout::Aeth;
     /// RC RDMA READ response only.
-    RcReadResponseOnly = 0x10, "RC_RDMA_READ_RESPONSE_ONLY", L.aeth();
+    RcReadResponseOnly = 0x10, "RC_RDMA_READ_RESPONSE_ONLY", Layout::Aeth;
     /// RC acknowledge.
-    RcAck = 0x11, "RC_ACKNOWLEDGE", L.aeth();
+    RcAck = 0x11, "RC_ACKNOWLEDGE", Layout::Aeth;
     /// RC atomic acknowledge.
-    RcAtomicAck = 0x12, "RC_ATOMIC_ACKNOWLEDGE", L.aeth().atomic_ack_eth();
+    RcAtomicAck = 0x12, "RC_ATOMIC_ACKNOWLEDGE", Layout::AethAtomicAck;
     /// RC compare and swap.
-    RcCompareSwap = 0x13, "RC_CMP_SWAP", L.atomic_eth();
+    RcCompareSwap = 0x13, "RC_CMP_SWAP", Layout::AtomicEth;
     /// RC fetch and add.
-    RcFetchAdd = 0x14, "RC_FETCH_ADD", L.atomic_eth();
+    RcFetchAdd = 0x14, "RC_FETCH_ADD", Layout::AtomicEth;
     /// RC SEND last with invalidate.
-    RcSendLastInv = 0x16, "RC_SEND_LAST_WITH_INVALIDATE", L.ieth();
+    RcSendLastInv = 0x16, "RC_SEND_LAST_WITH_INVALIDATE", Layout::Ieth;
     /// RC SEND only with invalidate.
-    RcSendOnlyInv = 0x17, "RC_SEND_ONLY_WITH_INVALIDATE", L.ieth();
+    RcSendOnlyInv = 0x17, "RC_SEND_ONLY_WITH_INVALIDATE", Layout::Ieth;
     /// UC SEND first.
-    UcSendFirst = 0x20, "UC_SEND_FIRST", L;
+    UcSendFirst = 0x20, "UC_SEND_FIRST", Layout::None;
     /// UC SEND middle.
-    UcSendMiddle = 0x21, "UC_SEND_MIDDLE", L;
+    UcSendMiddle = 0x21, "UC_SEND_MIDDLE", Layout::None;
     /// UC SEND last.
-    UcSendLast = 0x22, "UC_SEND_LAST", L;
+    UcSendLast = 0x22, "UC_SEND_LAST", Layout::None;
     /// UC SEND last with immediate.
-    UcSendLastImm = 0x23, "UC_SEND_LAST_WITH_IMMEDIATE", L.immdt();
+    UcSendLastImm = 0x23, "UC_SEND_LAST_WITH_IMMEDIATE", Layout::Imm;
     /// UC SEND only.
-    UcSendOnly = 0x24, "UC_SEND_ONLY", L;
+    UcSendOnly = 0x24, "UC_SEND_ONLY", Layout::None;
     /// UC SEND only with immediate.
-    UcSendOnlyImm = 0x25, "UC_SEND_ONLY_WITH_IMMEDIATE", L.immdt();
+    UcSendOnlyImm = 0x25, "UC_SEND_ONLY_WITH_IMMEDIATE", Layout::Imm;
     /// UC RDMA WRITE first.
-    UcWriteFirst = 0x26, "UC_RDMA_WRITE_FIRST", L.reth();
+    UcWriteFirst = 0x26, "UC_RDMA_WRITE_FIRST", Layout::Reth;
     /// UC RDMA WRITE middle.
-    UcWriteMiddle = 0x27, "UC_RDMA_WRITE_MIDDLE", L;
+    UcWriteMiddle = 0x27, "UC_RDMA_WRITE_MIDDLE", Layout::None;
     /// UC RDMA WRITE last.
-    UcWriteLast = 0x28, "UC_RDMA_WRITE_LAST", L;
+    UcWriteLast = 0x28, "UC_RDMA_WRITE_LAST", Layout::None;
     /// UC RDMA WRITE last with immediate.
-    UcWriteLastImm = 0x29, "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE", L.immdt();
+    UcWriteLastImm = 0x29, "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE", Layout::Imm;
     /// UC RDMA WRITE only.
-    UcWriteOnly = 0x2a, "UC_RDMA_WRITE_ONLY", L.reth();
+    UcWriteOnly = 0x2a, "UC_RDMA_WRITE_ONLY", Layout::Reth;
     /// UC RDMA WRITE only with immediate.
-    UcWriteOnlyImm = 0x2b, "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", L.reth().immdt();
+    UcWriteOnlyImm = 0x2b, "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", Layout::RethImm;
     /// UD SEND only.
-    UdSendOnly = 0x64, "UD_SEND_ONLY", L.deth();
+    UdSendOnly = 0x64, "UD_SEND_ONLY", Layout::Deth;
     /// UD SEND only with immediate.
-    UdSendOnlyImm = 0x65, "UD_SEND_ONLY_WITH_IMMEDIATE", L.deth().immdt();
+    UdSendOnlyImm = 0x65, "UD_SEND_ONLY_WITH_IMMEDIATE", Layout::DethImm;
     /// Congestion notification packet (RoCEv2 Annex A17.9.3).
-    Cnp = 0x81, "CNP", L.cnp();
+    Cnp = 0x81, "CNP", Layout::Cnp;
     /// MetaRoCE SEND data.
-    MrSend = 0xc0, "MR_SEND", L.mr_data();
+    MrSend = 0xc0, "MR_SEND", Layout::MrData;
     /// MetaRoCE SEND data with immediate.
-    MrSendImm = 0xc1, "MR_SEND_WITH_IMMEDIATE", L.mr_data().immdt();
+    MrSendImm = 0xc1, "MR_SEND_WITH_IMMEDIATE", Layout::MrDataImm;
     /// MetaRoCE WRITE data.
-    MrWrite = 0xc2, "MR_WRITE", L.mr_data().mr_remote();
+    MrWrite = 0xc2, "MR_WRITE", Layout::MrRemote;
     /// MetaRoCE WRITE data with immediate.
-    MrWriteImm = 0xc3, "MR_WRITE_WITH_IMMEDIATE", L.mr_data().mr_remote().immdt();
+    MrWriteImm = 0xc3, "MR_WRITE_WITH_IMMEDIATE", Layout::MrRemoteImm;
     /// MetaRoCE READ request.
-    MrReadRequest = 0xc4, "MR_READ_REQUEST", L.mr_data().mr_remote();
+    MrReadRequest = 0xc4, "MR_READ_REQUEST", Layout::MrRemote;
     /// MetaRoCE READ response data.
-    MrReadResponse = 0xc5, "MR_READ_RESPONSE", L.mr_data();
+    MrReadResponse = 0xc5, "MR_READ_RESPONSE", Layout::MrData;
     /// MetaRoCE compare and swap.
-    MrCompareSwap = 0xc6, "MR_CMP_SWAP", L.mr_data().atomic_eth();
+    MrCompareSwap = 0xc6, "MR_CMP_SWAP", Layout::MrAtomic;
     /// MetaRoCE fetch and add.
-    MrFetchAdd = 0xc7, "MR_FETCH_ADD", L.mr_data().atomic_eth();
+    MrFetchAdd = 0xc7, "MR_FETCH_ADD", Layout::MrAtomic;
     /// MetaRoCE atomic response.
-    MrAtomicResponse = 0xc8, "MR_ATOMIC_RESPONSE", L.mr_data().atomic_ack_eth();
+    MrAtomicResponse = 0xc8, "MR_ATOMIC_RESPONSE", Layout::MrAtomicAck;
     /// MetaRoCE per-path ACK with SACK bitvector.
-    MrAck = 0xe0, "MR_ACK", L.mr_ack();
+    MrAck = 0xe0, "MR_ACK", Layout::MrAck;
     /// MetaRoCE NACK.
-    MrNack = 0xe1, "MR_NACK", L.mr_nack();
+    MrNack = 0xe1, "MR_NACK", Layout::MrNack;
     /// MetaRoCE path probe.
-    MrProbe = 0xe2, "MR_PROBE", L.mr_probe();
+    MrProbe = 0xe2, "MR_PROBE", Layout::MrProbe;
     /// MetaRoCE path probe reply.
-    MrProbeReply = 0xe3, "MR_PROBE_REPLY", L.mr_probe();
+    MrProbeReply = 0xe3, "MR_PROBE_REPLY", Layout::MrProbe;
 }
 
 impl Opcode {

@@ -1,5 +1,6 @@
 //! What can be wrong with a frame, named precisely.
 
+use super::ext::Layout;
 use core::fmt;
 
 /// The header (or trailing part) of a frame that a problem was found in.
@@ -161,10 +162,15 @@ pub enum Error {
         /// The version found.
         found: u8,
     },
-    /// Emitting: the opcode needs an extension header that the representation does not hold.
+    /// Building: the opcode needs an extension header that the fields do not hold.
     MissingHeader(Header),
-    /// Emitting: the representation holds an extension header its opcode does not carry.
-    UnexpectedHeader(Header),
+    /// Emitting or building: the extension headers do not form the opcode's layout.
+    ExtensionMismatch {
+        /// The layout the opcode carries.
+        expected: Layout,
+        /// The layout the headers form.
+        found: Layout,
+    },
     /// Emitting: a field does not fit its width on the wire (IP length, IPv4 options, pad count).
     FieldRange(&'static str),
     /// Emitting: the caller's buffer is too small.
@@ -222,9 +228,10 @@ impl fmt::Display for Error {
                 header.name()
             ),
             Error::MissingHeader(h) => write!(f, "the opcode needs a {} header", h.name()),
-            Error::UnexpectedHeader(h) => {
-                write!(f, "the opcode carries no {} header", h.name())
-            }
+            Error::ExtensionMismatch { expected, found } => write!(
+                f,
+                "the opcode carries the extension headers {expected:?}, not {found:?}"
+            ),
             Error::FieldRange(what) => write!(f, "{what} does not fit its field"),
             Error::BufferTooSmall { needed, available } => write!(
                 f,

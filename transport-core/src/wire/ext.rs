@@ -23,43 +23,142 @@ use super::{split, split_mut, Error, Header};
 use zerocopy::network_endian::{U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
-/// The set of extension headers an opcode carries.
+/// The extension headers an opcode carries, in wire order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub struct Layout(u16);
-
-macro_rules! layout_bits {
-    ($( $bit:literal $name:ident $has:ident $doc:literal; )*) => {
-        impl Layout {
-            $(
-                #[doc = concat!("This layout plus ", $doc, ".")]
-                pub const fn $name(self) -> Self { Layout(self.0 | (1 << $bit)) }
-                #[doc = concat!("Whether the layout carries ", $doc, ".")]
-                pub const fn $has(self) -> bool { self.0 & (1 << $bit) != 0 }
-            )*
-        }
-    };
-}
-
-layout_bits! {
-    0 reth has_reth "a RETH";
-    1 aeth has_aeth "an AETH";
-    2 immdt has_immdt "immediate data";
-    3 ieth has_ieth "an IETH";
-    4 deth has_deth "a DETH";
-    5 atomic_eth has_atomic_eth "an AtomicETH";
-    6 atomic_ack_eth has_atomic_ack_eth "an AtomicAckETH";
-    7 cnp has_cnp "the CNP's reserved bytes";
-    8 mr_data has_mr_data "a MetaRoCE data header";
-    9 mr_remote has_mr_remote "a MetaRoCE remote header";
-    10 mr_ack has_mr_ack "a MetaRoCE ACK header";
-    11 mr_nack has_mr_nack "a MetaRoCE NACK header";
-    12 mr_probe has_mr_probe "a MetaRoCE probe header";
+pub enum Layout {
+    /// No extension header.
+    None,
+    /// RETH.
+    Reth,
+    /// RETH, ImmDt.
+    RethImm,
+    /// ImmDt.
+    Imm,
+    /// IETH.
+    Ieth,
+    /// AETH.
+    Aeth,
+    /// AETH, AtomicAckETH.
+    AethAtomicAck,
+    /// AtomicETH.
+    AtomicEth,
+    /// DETH.
+    Deth,
+    /// DETH, ImmDt.
+    DethImm,
+    /// The CNP's 16 reserved bytes.
+    Cnp,
+    /// MetaRoCE data.
+    MrData,
+    /// MetaRoCE data, ImmDt.
+    MrDataImm,
+    /// MetaRoCE data, MetaRoCE remote.
+    MrRemote,
+    /// MetaRoCE data, MetaRoCE remote, ImmDt.
+    MrRemoteImm,
+    /// MetaRoCE data, AtomicETH.
+    MrAtomic,
+    /// MetaRoCE data, AtomicAckETH.
+    MrAtomicAck,
+    /// MetaRoCE ACK.
+    MrAck,
+    /// MetaRoCE NACK.
+    MrNack,
+    /// MetaRoCE probe.
+    MrProbe,
 }
 
 impl Layout {
-    /// No extension header.
-    pub const NONE: Layout = Layout(0);
+    /// Bytes the headers of this layout occupy.
+    pub const fn len(self) -> usize {
+        match self {
+            Layout::None => 0,
+            Layout::Reth => 16,
+            Layout::RethImm => 20,
+            Layout::Imm | Layout::Ieth | Layout::Aeth => 4,
+            Layout::AethAtomicAck => 12,
+            Layout::AtomicEth => 28,
+            Layout::Deth => 8,
+            Layout::DethImm => 12,
+            Layout::Cnp => 16,
+            Layout::MrData => MrDataRepr::LEN,
+            Layout::MrDataImm => MrDataRepr::LEN + 4,
+            Layout::MrRemote => MrDataRepr::LEN + MrRemoteRepr::LEN,
+            Layout::MrRemoteImm => MrDataRepr::LEN + MrRemoteRepr::LEN + 4,
+            Layout::MrAtomic => MrDataRepr::LEN + 28,
+            Layout::MrAtomicAck => MrDataRepr::LEN + 8,
+            Layout::MrAck => MrAckRepr::LEN,
+            Layout::MrNack => MrNackRepr::LEN,
+            Layout::MrProbe => MrProbeRepr::LEN,
+        }
+    }
+
+    /// Whether the layout has no extension header.
+    pub const fn is_empty(self) -> bool {
+        matches!(self, Layout::None)
+    }
+
+    /// Whether the layout carries a RETH.
+    pub const fn has_reth(self) -> bool {
+        matches!(self, Layout::Reth | Layout::RethImm)
+    }
+    /// Whether the layout carries an AETH.
+    pub const fn has_aeth(self) -> bool {
+        matches!(self, Layout::Aeth | Layout::AethAtomicAck)
+    }
+    /// Whether the layout carries immediate data.
+    pub const fn has_immdt(self) -> bool {
+        matches!(self, Layout::RethImm | Layout::Imm | Layout::DethImm | Layout::MrDataImm | Layout::MrRemoteImm)
+    }
+    /// Whether the layout carries an IETH.
+    pub const fn has_ieth(self) -> bool {
+        matches!(self, Layout::Ieth)
+    }
+    /// Whether the layout carries a DETH.
+    pub const fn has_deth(self) -> bool {
+        matches!(self, Layout::Deth | Layout::DethImm)
+    }
+    /// Whether the layout carries an AtomicETH.
+    pub const fn has_atomic_eth(self) -> bool {
+        matches!(self, Layout::AtomicEth | Layout::MrAtomic)
+    }
+    /// Whether the layout carries an AtomicAckETH.
+    pub const fn has_atomic_ack_eth(self) -> bool {
+        matches!(self, Layout::AethAtomicAck | Layout::MrAtomicAck)
+    }
+    /// Whether the layout carries the CNP's reserved bytes.
+    pub const fn has_cnp(self) -> bool {
+        matches!(self, Layout::Cnp)
+    }
+    /// Whether the layout carries a MetaRoCE data header.
+    pub const fn has_mr_data(self) -> bool {
+        matches!(
+            self,
+            Layout::MrData
+                | Layout::MrDataImm
+                | Layout::MrRemote
+                | Layout::MrRemoteImm
+                | Layout::MrAtomic
+                | Layout::MrAtomicAck
+        )
+    }
+    /// Whether the layout carries a MetaRoCE remote header.
+    pub const fn has_mr_remote(self) -> bool {
+        matches!(self, Layout::MrRemote | Layout::MrRemoteImm)
+    }
+    /// Whether the layout carries a MetaRoCE ACK header.
+    pub const fn has_mr_ack(self) -> bool {
+        matches!(self, Layout::MrAck)
+    }
+    /// Whether the layout carries a MetaRoCE NACK header.
+    pub const fn has_mr_nack(self) -> bool {
+        matches!(self, Layout::MrNack)
+    }
+    /// Whether the layout carries a MetaRoCE probe header.
+    pub const fn has_mr_probe(self) -> bool {
+        matches!(self, Layout::MrProbe)
+    }
 }
 
 #[derive(FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
@@ -225,10 +324,41 @@ pub struct AtomicAckEthRepr {
     pub orig: u64,
 }
 
-/// The extension headers of one packet: exactly those its opcode's [`Layout`] names are present.
+/// The extension headers of one packet, as compact as the hot path wants them: one variant per
+/// [`Layout`], so a parsed frame carries only the headers its opcode has. [`ExtensionFields`]
+/// is the same information as one optional field per header, for code that builds or prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub struct Extensions {
+#[allow(missing_docs)] // each variant is named after its Layout
+pub enum Extensions {
+    #[default]
+    None,
+    Reth(RethRepr),
+    RethImm(RethRepr, u32),
+    Imm(u32),
+    Ieth(u32),
+    Aeth(AethRepr),
+    AethAtomicAck(AethRepr, AtomicAckEthRepr),
+    AtomicEth(AtomicEthRepr),
+    Deth(DethRepr),
+    DethImm(DethRepr, u32),
+    Cnp,
+    MrData(MrDataRepr),
+    MrDataImm(MrDataRepr, u32),
+    MrRemote(MrDataRepr, MrRemoteRepr),
+    MrRemoteImm(MrDataRepr, MrRemoteRepr, u32),
+    MrAtomic(MrDataRepr, AtomicEthRepr),
+    MrAtomicAck(MrDataRepr, AtomicAckEthRepr),
+    MrAck(MrAckRepr),
+    MrNack(MrNackRepr),
+    MrProbe(MrProbeRepr),
+}
+
+/// The extension headers as one optional field each: the convenient form for building frames and
+/// printing them. [`Extensions::from_fields`] and [`Extensions::fields`] convert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct ExtensionFields {
     /// MetaRoCE data header.
     pub mr_data: Option<MrDataRepr>,
     /// DETH.
@@ -257,201 +387,396 @@ pub struct Extensions {
     pub mr_probe: Option<MrProbeRepr>,
 }
 
+#[inline(always)]
 fn be32(buf: &[u8], header: Header) -> Result<(u32, &[u8]), Error> {
     let (v, rest) = split::<U32>(buf, header)?;
     Ok((v.get(), rest))
 }
 
+#[inline(always)]
 fn put32(buf: &mut [u8], header: Header, value: u32) -> Result<&mut [u8], Error> {
     let (v, rest) = split_mut::<U32>(buf, header)?;
     v.set(value);
     Ok(rest)
 }
 
-/// Emits an optional header the layout requires, or refuses one it does not carry.
-macro_rules! emit_one {
-    ($buf:ident, $wanted:expr, $value:expr, $header:expr, |$v:ident, $b:ident| $body:expr) => {
-        match ($wanted, $value) {
-            (true, Some($v)) => {
-                let $b = $buf;
-                $buf = $body?;
-            }
-            (true, None) => return Err(Error::MissingHeader($header)),
-            (false, Some(_)) => return Err(Error::UnexpectedHeader($header)),
-            (false, None) => {}
-        }
+#[inline(always)]
+fn parse_reth(buf: &[u8]) -> Result<(RethRepr, &[u8]), Error> {
+    let (h, rest) = split::<RethHeader>(buf, Header::Reth)?;
+    Ok((RethRepr { va: h.va.get(), rkey: h.rkey.get(), dma_len: h.dma_len.get() }, rest))
+}
+
+#[inline(always)]
+fn parse_aeth(buf: &[u8]) -> Result<(AethRepr, &[u8]), Error> {
+    let (v, rest) = be32(buf, Header::Aeth)?;
+    Ok((AethRepr { syndrome: (v >> 24) as u8, msn: v & 0x00ff_ffff }, rest))
+}
+
+#[inline(always)]
+fn parse_deth(buf: &[u8]) -> Result<(DethRepr, &[u8]), Error> {
+    let (h, rest) = split::<DethHeader>(buf, Header::Deth)?;
+    Ok((DethRepr { qkey: h.qkey.get(), src_qp: Qpn::new(h.src_qp.get()) }, rest))
+}
+
+#[inline(always)]
+fn parse_atomic(buf: &[u8]) -> Result<(AtomicEthRepr, &[u8]), Error> {
+    let (h, rest) = split::<AtomicEthHeader>(buf, Header::AtomicEth)?;
+    let r = AtomicEthRepr {
+        va: h.va.get(),
+        rkey: h.rkey.get(),
+        swap_add: h.swap_add.get(),
+        compare: h.compare.get(),
     };
+    Ok((r, rest))
+}
+
+#[inline(always)]
+fn parse_atomic_ack(buf: &[u8]) -> Result<(AtomicAckEthRepr, &[u8]), Error> {
+    let (v, rest) = split::<U64>(buf, Header::AtomicAckEth)?;
+    Ok((AtomicAckEthRepr { orig: v.get() }, rest))
+}
+
+fn emit_reth(r: RethRepr, buf: &mut [u8]) -> Result<&mut [u8], Error> {
+    let (h, rest) = split_mut::<RethHeader>(buf, Header::Reth)?;
+    h.va.set(r.va);
+    h.rkey.set(r.rkey);
+    h.dma_len.set(r.dma_len);
+    Ok(rest)
+}
+
+fn emit_aeth(r: AethRepr, buf: &mut [u8]) -> Result<&mut [u8], Error> {
+    if r.msn > 0x00ff_ffff {
+        return Err(Error::FieldRange("AETH MSN"));
+    }
+    put32(buf, Header::Aeth, (u32::from(r.syndrome) << 24) | r.msn)
+}
+
+fn emit_deth(r: DethRepr, buf: &mut [u8]) -> Result<&mut [u8], Error> {
+    let (h, rest) = split_mut::<DethHeader>(buf, Header::Deth)?;
+    h.qkey.set(r.qkey);
+    h.src_qp.set(r.src_qp.get());
+    Ok(rest)
+}
+
+fn emit_atomic(r: AtomicEthRepr, buf: &mut [u8]) -> Result<&mut [u8], Error> {
+    let (h, rest) = split_mut::<AtomicEthHeader>(buf, Header::AtomicEth)?;
+    h.va.set(r.va);
+    h.rkey.set(r.rkey);
+    h.swap_add.set(r.swap_add);
+    h.compare.set(r.compare);
+    Ok(rest)
+}
+
+fn emit_atomic_ack(r: AtomicAckEthRepr, buf: &mut [u8]) -> Result<&mut [u8], Error> {
+    let (h, rest) = split_mut::<U64>(buf, Header::AtomicAckEth)?;
+    h.set(r.orig);
+    Ok(rest)
 }
 
 impl Extensions {
     /// Parses the headers `layout` names, returning them and the bytes after them.
     #[inline]
-    pub fn parse(layout: Layout, mut buf: &[u8]) -> Result<(Self, &[u8]), Error> {
-        let mut ext = Extensions::default();
-        if layout.0 == 0 {
-            return Ok((ext, buf));
+    pub fn parse(layout: Layout, buf: &[u8]) -> Result<(Self, &[u8]), Error> {
+        Ok(match layout {
+            Layout::None => (Extensions::None, buf),
+            Layout::Reth => {
+                let (r, rest) = parse_reth(buf)?;
+                (Extensions::Reth(r), rest)
+            }
+            Layout::RethImm => {
+                let (r, rest) = parse_reth(buf)?;
+                let (i, rest) = be32(rest, Header::ImmDt)?;
+                (Extensions::RethImm(r, i), rest)
+            }
+            Layout::Imm => {
+                let (i, rest) = be32(buf, Header::ImmDt)?;
+                (Extensions::Imm(i), rest)
+            }
+            Layout::Ieth => {
+                let (i, rest) = be32(buf, Header::Ieth)?;
+                (Extensions::Ieth(i), rest)
+            }
+            Layout::Aeth => {
+                let (a, rest) = parse_aeth(buf)?;
+                (Extensions::Aeth(a), rest)
+            }
+            Layout::AethAtomicAck => {
+                let (a, rest) = parse_aeth(buf)?;
+                let (o, rest) = parse_atomic_ack(rest)?;
+                (Extensions::AethAtomicAck(a, o), rest)
+            }
+            Layout::AtomicEth => {
+                let (a, rest) = parse_atomic(buf)?;
+                (Extensions::AtomicEth(a), rest)
+            }
+            Layout::Deth => {
+                let (d, rest) = parse_deth(buf)?;
+                (Extensions::Deth(d), rest)
+            }
+            Layout::DethImm => {
+                let (d, rest) = parse_deth(buf)?;
+                let (i, rest) = be32(rest, Header::ImmDt)?;
+                (Extensions::DethImm(d, i), rest)
+            }
+            Layout::Cnp => {
+                let (_, rest) = split::<[u8; 16]>(buf, Header::Cnp)?;
+                (Extensions::Cnp, rest)
+            }
+            Layout::MrData => {
+                let (d, rest) = MrDataRepr::parse(buf)?;
+                (Extensions::MrData(d), rest)
+            }
+            Layout::MrDataImm => {
+                let (d, rest) = MrDataRepr::parse(buf)?;
+                let (i, rest) = be32(rest, Header::ImmDt)?;
+                (Extensions::MrDataImm(d, i), rest)
+            }
+            Layout::MrRemote => {
+                let (d, rest) = MrDataRepr::parse(buf)?;
+                let (r, rest) = MrRemoteRepr::parse(rest)?;
+                (Extensions::MrRemote(d, r), rest)
+            }
+            Layout::MrRemoteImm => {
+                let (d, rest) = MrDataRepr::parse(buf)?;
+                let (r, rest) = MrRemoteRepr::parse(rest)?;
+                let (i, rest) = be32(rest, Header::ImmDt)?;
+                (Extensions::MrRemoteImm(d, r, i), rest)
+            }
+            Layout::MrAtomic => {
+                let (d, rest) = MrDataRepr::parse(buf)?;
+                let (a, rest) = parse_atomic(rest)?;
+                (Extensions::MrAtomic(d, a), rest)
+            }
+            Layout::MrAtomicAck => {
+                let (d, rest) = MrDataRepr::parse(buf)?;
+                let (o, rest) = parse_atomic_ack(rest)?;
+                (Extensions::MrAtomicAck(d, o), rest)
+            }
+            Layout::MrAck => {
+                let (a, rest) = MrAckRepr::parse(buf)?;
+                (Extensions::MrAck(a), rest)
+            }
+            Layout::MrNack => {
+                let (n, rest) = MrNackRepr::parse(buf)?;
+                (Extensions::MrNack(n), rest)
+            }
+            Layout::MrProbe => {
+                let (p, rest) = MrProbeRepr::parse(buf)?;
+                (Extensions::MrProbe(p), rest)
+            }
+        })
+    }
+
+    /// The layout these headers form.
+    pub const fn layout(&self) -> Layout {
+        match self {
+            Extensions::None => Layout::None,
+            Extensions::Reth(_) => Layout::Reth,
+            Extensions::RethImm(..) => Layout::RethImm,
+            Extensions::Imm(_) => Layout::Imm,
+            Extensions::Ieth(_) => Layout::Ieth,
+            Extensions::Aeth(_) => Layout::Aeth,
+            Extensions::AethAtomicAck(..) => Layout::AethAtomicAck,
+            Extensions::AtomicEth(_) => Layout::AtomicEth,
+            Extensions::Deth(_) => Layout::Deth,
+            Extensions::DethImm(..) => Layout::DethImm,
+            Extensions::Cnp => Layout::Cnp,
+            Extensions::MrData(_) => Layout::MrData,
+            Extensions::MrDataImm(..) => Layout::MrDataImm,
+            Extensions::MrRemote(..) => Layout::MrRemote,
+            Extensions::MrRemoteImm(..) => Layout::MrRemoteImm,
+            Extensions::MrAtomic(..) => Layout::MrAtomic,
+            Extensions::MrAtomicAck(..) => Layout::MrAtomicAck,
+            Extensions::MrAck(_) => Layout::MrAck,
+            Extensions::MrNack(_) => Layout::MrNack,
+            Extensions::MrProbe(_) => Layout::MrProbe,
         }
-        if layout.has_mr_data() {
-            let (r, rest) = MrDataRepr::parse(buf)?;
-            ext.mr_data = Some(r);
-            buf = rest;
-        }
-        if layout.has_deth() {
-            let (h, rest) = split::<DethHeader>(buf, Header::Deth)?;
-            ext.deth = Some(DethRepr { qkey: h.qkey.get(), src_qp: Qpn::new(h.src_qp.get()) });
-            buf = rest;
-        }
-        if layout.has_mr_remote() {
-            let (r, rest) = MrRemoteRepr::parse(buf)?;
-            ext.mr_remote = Some(r);
-            buf = rest;
-        }
-        if layout.has_reth() {
-            let (h, rest) = split::<RethHeader>(buf, Header::Reth)?;
-            ext.reth =
-                Some(RethRepr { va: h.va.get(), rkey: h.rkey.get(), dma_len: h.dma_len.get() });
-            buf = rest;
-        }
-        if layout.has_atomic_eth() {
-            let (h, rest) = split::<AtomicEthHeader>(buf, Header::AtomicEth)?;
-            ext.atomic_eth = Some(AtomicEthRepr {
-                va: h.va.get(),
-                rkey: h.rkey.get(),
-                swap_add: h.swap_add.get(),
-                compare: h.compare.get(),
-            });
-            buf = rest;
-        }
-        if layout.has_aeth() {
-            let (v, rest) = be32(buf, Header::Aeth)?;
-            ext.aeth = Some(AethRepr { syndrome: (v >> 24) as u8, msn: v & 0x00ff_ffff });
-            buf = rest;
-        }
-        if layout.has_atomic_ack_eth() {
-            let (v, rest) = split::<U64>(buf, Header::AtomicAckEth)?;
-            ext.atomic_ack_eth = Some(AtomicAckEthRepr { orig: v.get() });
-            buf = rest;
-        }
-        if layout.has_immdt() {
-            let (v, rest) = be32(buf, Header::ImmDt)?;
-            ext.immdt = Some(v);
-            buf = rest;
-        }
-        if layout.has_ieth() {
-            let (v, rest) = be32(buf, Header::Ieth)?;
-            ext.ieth = Some(v);
-            buf = rest;
-        }
-        if layout.has_cnp() {
-            let (_, rest) = split::<[u8; 16]>(buf, Header::Cnp)?;
-            ext.cnp = true;
-            buf = rest;
-        }
-        if layout.has_mr_ack() {
-            let (r, rest) = MrAckRepr::parse(buf)?;
-            ext.mr_ack = Some(r);
-            buf = rest;
-        }
-        if layout.has_mr_nack() {
-            let (r, rest) = MrNackRepr::parse(buf)?;
-            ext.mr_nack = Some(r);
-            buf = rest;
-        }
-        if layout.has_mr_probe() {
-            let (r, rest) = MrProbeRepr::parse(buf)?;
-            ext.mr_probe = Some(r);
-            buf = rest;
-        }
-        Ok((ext, buf))
     }
 
     /// Bytes these headers occupy on the wire.
-    pub fn len(&self) -> usize {
-        let sizes = [
-            (self.mr_data.is_some(), MrDataRepr::LEN),
-            (self.deth.is_some(), 8),
-            (self.mr_remote.is_some(), MrRemoteRepr::LEN),
-            (self.reth.is_some(), 16),
-            (self.atomic_eth.is_some(), 28),
-            (self.aeth.is_some(), 4),
-            (self.atomic_ack_eth.is_some(), 8),
-            (self.immdt.is_some(), 4),
-            (self.ieth.is_some(), 4),
-            (self.cnp, 16),
-            (self.mr_ack.is_some(), MrAckRepr::LEN),
-            (self.mr_nack.is_some(), MrNackRepr::LEN),
-            (self.mr_probe.is_some(), MrProbeRepr::LEN),
-        ];
-        sizes.iter().filter(|(present, _)| *present).map(|(_, n)| n).sum()
+    pub const fn len(&self) -> usize {
+        self.layout().len()
     }
 
     /// Whether no extension header is present.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    pub const fn is_empty(&self) -> bool {
+        matches!(self, Extensions::None)
     }
 
-    /// Writes the headers, which must be exactly those `layout` names, returning the bytes after.
-    pub fn emit<'b>(&self, layout: Layout, mut buf: &'b mut [u8]) -> Result<&'b mut [u8], Error> {
-        emit_one!(buf, layout.has_mr_data(), self.mr_data, Header::MrData, |r, b| r.emit(b));
-        emit_one!(buf, layout.has_deth(), self.deth, Header::Deth, |r, b| {
-            split_mut::<DethHeader>(b, Header::Deth).map(|(h, rest)| {
-                h.qkey.set(r.qkey);
-                h.src_qp.set(r.src_qp.get());
-                rest
-            })
-        });
-        emit_one!(buf, layout.has_mr_remote(), self.mr_remote, Header::MrRemote, |r, b| r
-            .emit(b));
-        emit_one!(buf, layout.has_reth(), self.reth, Header::Reth, |r, b| {
-            split_mut::<RethHeader>(b, Header::Reth).map(|(h, rest)| {
-                h.va.set(r.va);
-                h.rkey.set(r.rkey);
-                h.dma_len.set(r.dma_len);
-                rest
-            })
-        });
-        emit_one!(buf, layout.has_atomic_eth(), self.atomic_eth, Header::AtomicEth, |r, b| {
-            split_mut::<AtomicEthHeader>(b, Header::AtomicEth).map(|(h, rest)| {
-                h.va.set(r.va);
-                h.rkey.set(r.rkey);
-                h.swap_add.set(r.swap_add);
-                h.compare.set(r.compare);
-                rest
-            })
-        });
-        emit_one!(buf, layout.has_aeth(), self.aeth, Header::Aeth, |r, b| {
-            if r.msn > 0x00ff_ffff {
-                return Err(Error::FieldRange("AETH MSN"));
-            }
-            put32(b, Header::Aeth, (u32::from(r.syndrome) << 24) | r.msn)
-        });
-        emit_one!(buf, layout.has_atomic_ack_eth(), self.atomic_ack_eth, Header::AtomicAckEth, |r, b| {
-            split_mut::<U64>(b, Header::AtomicAckEth).map(|(h, rest)| {
-                h.set(r.orig);
-                rest
-            })
-        });
-        emit_one!(buf, layout.has_immdt(), self.immdt, Header::ImmDt, |v, b| put32(
-            b,
-            Header::ImmDt,
-            v
-        ));
-        emit_one!(buf, layout.has_ieth(), self.ieth, Header::Ieth, |v, b| put32(
-            b,
-            Header::Ieth,
-            v
-        ));
-        let cnp = self.cnp.then_some(());
-        emit_one!(buf, layout.has_cnp(), cnp, Header::Cnp, |_v, b| {
-            split_mut::<[u8; 16]>(b, Header::Cnp).map(|(h, rest)| {
+    /// Writes the headers, which must form exactly `layout`, returning the bytes after them.
+    pub fn emit<'b>(&self, layout: Layout, buf: &'b mut [u8]) -> Result<&'b mut [u8], Error> {
+        if self.layout() != layout {
+            return Err(Error::ExtensionMismatch { expected: layout, found: self.layout() });
+        }
+        match *self {
+            Extensions::None => Ok(buf),
+            Extensions::Reth(r) => emit_reth(r, buf),
+            Extensions::RethImm(r, i) => put32(emit_reth(r, buf)?, Header::ImmDt, i),
+            Extensions::Imm(i) => put32(buf, Header::ImmDt, i),
+            Extensions::Ieth(i) => put32(buf, Header::Ieth, i),
+            Extensions::Aeth(a) => emit_aeth(a, buf),
+            Extensions::AethAtomicAck(a, o) => emit_atomic_ack(o, emit_aeth(a, buf)?),
+            Extensions::AtomicEth(a) => emit_atomic(a, buf),
+            Extensions::Deth(d) => emit_deth(d, buf),
+            Extensions::DethImm(d, i) => put32(emit_deth(d, buf)?, Header::ImmDt, i),
+            Extensions::Cnp => {
+                let (h, rest) = split_mut::<[u8; 16]>(buf, Header::Cnp)?;
                 *h = [0; 16];
-                rest
-            })
-        });
-        emit_one!(buf, layout.has_mr_ack(), self.mr_ack, Header::MrAck, |r, b| r.emit(b));
-        emit_one!(buf, layout.has_mr_nack(), self.mr_nack, Header::MrNack, |r, b| r.emit(b));
-        emit_one!(buf, layout.has_mr_probe(), self.mr_probe, Header::MrProbe, |r, b| r.emit(b));
-        Ok(buf)
+                Ok(rest)
+            }
+            Extensions::MrData(d) => d.emit(buf),
+            Extensions::MrDataImm(d, i) => put32(d.emit(buf)?, Header::ImmDt, i),
+            Extensions::MrRemote(d, r) => r.emit(d.emit(buf)?),
+            Extensions::MrRemoteImm(d, r, i) => put32(r.emit(d.emit(buf)?)?, Header::ImmDt, i),
+            Extensions::MrAtomic(d, a) => emit_atomic(a, d.emit(buf)?),
+            Extensions::MrAtomicAck(d, o) => emit_atomic_ack(o, d.emit(buf)?),
+            Extensions::MrAck(a) => a.emit(buf),
+            Extensions::MrNack(n) => n.emit(buf),
+            Extensions::MrProbe(p) => p.emit(buf),
+        }
+    }
+
+    /// The headers as one optional field each.
+    pub fn fields(&self) -> ExtensionFields {
+        let mut f = ExtensionFields::default();
+        match *self {
+            Extensions::None => {}
+            Extensions::Reth(r) => f.reth = Some(r),
+            Extensions::RethImm(r, i) => (f.reth, f.immdt) = (Some(r), Some(i)),
+            Extensions::Imm(i) => f.immdt = Some(i),
+            Extensions::Ieth(i) => f.ieth = Some(i),
+            Extensions::Aeth(a) => f.aeth = Some(a),
+            Extensions::AethAtomicAck(a, o) => (f.aeth, f.atomic_ack_eth) = (Some(a), Some(o)),
+            Extensions::AtomicEth(a) => f.atomic_eth = Some(a),
+            Extensions::Deth(d) => f.deth = Some(d),
+            Extensions::DethImm(d, i) => (f.deth, f.immdt) = (Some(d), Some(i)),
+            Extensions::Cnp => f.cnp = true,
+            Extensions::MrData(d) => f.mr_data = Some(d),
+            Extensions::MrDataImm(d, i) => (f.mr_data, f.immdt) = (Some(d), Some(i)),
+            Extensions::MrRemote(d, r) => (f.mr_data, f.mr_remote) = (Some(d), Some(r)),
+            Extensions::MrRemoteImm(d, r, i) => {
+                (f.mr_data, f.mr_remote, f.immdt) = (Some(d), Some(r), Some(i))
+            }
+            Extensions::MrAtomic(d, a) => (f.mr_data, f.atomic_eth) = (Some(d), Some(a)),
+            Extensions::MrAtomicAck(d, o) => (f.mr_data, f.atomic_ack_eth) = (Some(d), Some(o)),
+            Extensions::MrAck(a) => f.mr_ack = Some(a),
+            Extensions::MrNack(n) => f.mr_nack = Some(n),
+            Extensions::MrProbe(p) => f.mr_probe = Some(p),
+        }
+        f
+    }
+
+    /// The headers `layout` names, taken from `f`; the ones it does not name must be absent.
+    pub fn from_fields(layout: Layout, f: &ExtensionFields) -> Result<Self, Error> {
+        fn need<T>(v: Option<T>, h: Header) -> Result<T, Error> {
+            v.ok_or(Error::MissingHeader(h))
+        }
+        let ext = match layout {
+            Layout::None => Extensions::None,
+            Layout::Reth => Extensions::Reth(need(f.reth, Header::Reth)?),
+            Layout::RethImm => {
+                Extensions::RethImm(need(f.reth, Header::Reth)?, need(f.immdt, Header::ImmDt)?)
+            }
+            Layout::Imm => Extensions::Imm(need(f.immdt, Header::ImmDt)?),
+            Layout::Ieth => Extensions::Ieth(need(f.ieth, Header::Ieth)?),
+            Layout::Aeth => Extensions::Aeth(need(f.aeth, Header::Aeth)?),
+            Layout::AethAtomicAck => Extensions::AethAtomicAck(
+                need(f.aeth, Header::Aeth)?,
+                need(f.atomic_ack_eth, Header::AtomicAckEth)?,
+            ),
+            Layout::AtomicEth => Extensions::AtomicEth(need(f.atomic_eth, Header::AtomicEth)?),
+            Layout::Deth => Extensions::Deth(need(f.deth, Header::Deth)?),
+            Layout::DethImm => {
+                Extensions::DethImm(need(f.deth, Header::Deth)?, need(f.immdt, Header::ImmDt)?)
+            }
+            Layout::Cnp => need(f.cnp.then_some(Extensions::Cnp), Header::Cnp)?,
+            Layout::MrData => Extensions::MrData(need(f.mr_data, Header::MrData)?),
+            Layout::MrDataImm => Extensions::MrDataImm(
+                need(f.mr_data, Header::MrData)?,
+                need(f.immdt, Header::ImmDt)?,
+            ),
+            Layout::MrRemote => Extensions::MrRemote(
+                need(f.mr_data, Header::MrData)?,
+                need(f.mr_remote, Header::MrRemote)?,
+            ),
+            Layout::MrRemoteImm => Extensions::MrRemoteImm(
+                need(f.mr_data, Header::MrData)?,
+                need(f.mr_remote, Header::MrRemote)?,
+                need(f.immdt, Header::ImmDt)?,
+            ),
+            Layout::MrAtomic => Extensions::MrAtomic(
+                need(f.mr_data, Header::MrData)?,
+                need(f.atomic_eth, Header::AtomicEth)?,
+            ),
+            Layout::MrAtomicAck => Extensions::MrAtomicAck(
+                need(f.mr_data, Header::MrData)?,
+                need(f.atomic_ack_eth, Header::AtomicAckEth)?,
+            ),
+            Layout::MrAck => Extensions::MrAck(need(f.mr_ack, Header::MrAck)?),
+            Layout::MrNack => Extensions::MrNack(need(f.mr_nack, Header::MrNack)?),
+            Layout::MrProbe => Extensions::MrProbe(need(f.mr_probe, Header::MrProbe)?),
+        };
+        if ext.fields() != *f {
+            return Err(Error::ExtensionMismatch { expected: layout, found: Layout::None });
+        }
+        Ok(ext)
+    }
+
+    /// The RETH, if present.
+    pub const fn reth(&self) -> Option<RethRepr> {
+        match *self {
+            Extensions::Reth(r) | Extensions::RethImm(r, _) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The AETH, if present.
+    pub const fn aeth(&self) -> Option<AethRepr> {
+        match *self {
+            Extensions::Aeth(a) | Extensions::AethAtomicAck(a, _) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// The immediate data, if present.
+    pub const fn immdt(&self) -> Option<u32> {
+        match *self {
+            Extensions::RethImm(_, i)
+            | Extensions::Imm(i)
+            | Extensions::DethImm(_, i)
+            | Extensions::MrDataImm(_, i)
+            | Extensions::MrRemoteImm(_, _, i) => Some(i),
+            _ => None,
+        }
+    }
+
+    /// The DETH, if present.
+    pub const fn deth(&self) -> Option<DethRepr> {
+        match *self {
+            Extensions::Deth(d) | Extensions::DethImm(d, _) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// The MetaRoCE data header, if present.
+    pub const fn mr_data(&self) -> Option<MrDataRepr> {
+        match *self {
+            Extensions::MrData(d)
+            | Extensions::MrDataImm(d, _)
+            | Extensions::MrRemote(d, _)
+            | Extensions::MrRemoteImm(d, _, _)
+            | Extensions::MrAtomic(d, _)
+            | Extensions::MrAtomicAck(d, _) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// The MetaRoCE ACK header, if present.
+    pub const fn mr_ack(&self) -> Option<MrAckRepr> {
+        match *self {
+            Extensions::MrAck(a) => Some(a),
+            _ => None,
+        }
     }
 }
 
@@ -482,8 +807,8 @@ mod tests {
         let layout = super::super::Opcode::RcWriteOnlyImm.layout();
         let (ext, rest) = Extensions::parse(layout, &bytes).unwrap();
         assert!(rest.is_empty());
-        assert_eq!(ext.reth, Some(RethRepr { va: 0x0102030405, rkey: 0xdeadbeef, dma_len: 4096 }));
-        assert_eq!(ext.immdt, Some(0xcafebabe));
+        assert_eq!(ext.reth(), Some(RethRepr { va: 0x0102030405, rkey: 0xdeadbeef, dma_len: 4096 }));
+        assert_eq!(ext.immdt(), Some(0xcafebabe));
         assert_eq!(ext.len(), 20);
         let mut out = [0u8; 20];
         ext.emit(layout, &mut out).unwrap();
@@ -493,14 +818,24 @@ mod tests {
     #[test]
     fn emit_refuses_a_layout_mismatch() {
         let mut out = [0u8; 64];
-        let ext = Extensions { reth: Some(RethRepr::default()), ..Default::default() };
+        let ext = Extensions::Reth(RethRepr::default());
         assert_eq!(
-            ext.emit(Layout::NONE.aeth(), &mut out).unwrap_err(),
-            Error::UnexpectedHeader(Header::Reth)
+            ext.emit(Layout::Aeth, &mut out).unwrap_err(),
+            Error::ExtensionMismatch { expected: Layout::Aeth, found: Layout::Reth }
         );
+    }
+
+    #[test]
+    fn fields_convert_both_ways() {
+        let f = ExtensionFields { aeth: Some(AethRepr { syndrome: 0x61, msn: 5 }), ..Default::default() };
+        let ext = Extensions::from_fields(Layout::Aeth, &f).unwrap();
+        assert_eq!(ext, Extensions::Aeth(AethRepr { syndrome: 0x61, msn: 5 }));
+        assert_eq!(ext.fields(), f);
         assert_eq!(
-            Extensions::default().emit(Layout::NONE.aeth(), &mut out).unwrap_err(),
-            Error::MissingHeader(Header::Aeth)
+            Extensions::from_fields(Layout::Reth, &f).unwrap_err(),
+            Error::MissingHeader(Header::Reth)
         );
+        let extra = ExtensionFields { immdt: Some(1), ..f };
+        assert!(Extensions::from_fields(Layout::Aeth, &extra).is_err());
     }
 }

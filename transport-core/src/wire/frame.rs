@@ -213,3 +213,14 @@ impl FrameRepr<'_> {
         Ok(total)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn parsed_frames_stay_small() {
+        // The hot path moves these by value; a fat `Extensions` (one Option per header, 264 bytes)
+        // once made parsing three times slower.
+        assert!(core::mem::size_of::<super::Extensions>() <= 64);
+        assert!(core::mem::size_of::<super::Parsed<'_>>() <= 192);
+    }
+}

@@ -23,7 +23,8 @@ pub use bth::{BthRepr, Opcode, Psn, Qpn, Transport};
 pub use error::{Error, Header};
 pub use ethernet::{EtherType, EthernetRepr, MacAddr, VlanTag};
 pub use ext::{
-    AckSyndrome, AethRepr, AtomicAckEthRepr, AtomicEthRepr, DethRepr, Extensions, Layout,
+    AckSyndrome, AethRepr, AtomicAckEthRepr, AtomicEthRepr, DethRepr, ExtensionFields, Extensions,
+    Layout,
     NakCode, RethRepr,
 };
 pub use frame::{parse, parse_with, FrameRepr, IcrcCheck, ParseOptions, Parsed};
