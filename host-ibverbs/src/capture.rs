@@ -50,7 +50,10 @@ impl fmt::Display for CaptureError {
                 write!(f, "capture truncated in the record at byte {offset}")
             }
             CaptureError::BadBlockLength { offset, length } => {
-                write!(f, "pcapng block at byte {offset} has impossible length {length}")
+                write!(
+                    f,
+                    "pcapng block at byte {offset} has impossible length {length}"
+                )
             }
             CaptureError::UnknownInterface(i) => {
                 write!(f, "pcapng packet names undescribed interface {i}")
@@ -67,12 +70,20 @@ struct Endian(bool);
 impl Endian {
     fn u16(self, b: &[u8], at: usize) -> Option<u16> {
         let s: [u8; 2] = b.get(at..at + 2)?.try_into().ok()?;
-        Some(if self.0 { u16::from_be_bytes(s) } else { u16::from_le_bytes(s) })
+        Some(if self.0 {
+            u16::from_be_bytes(s)
+        } else {
+            u16::from_le_bytes(s)
+        })
     }
 
     fn u32(self, b: &[u8], at: usize) -> Option<u32> {
         let s: [u8; 4] = b.get(at..at + 4)?.try_into().ok()?;
-        Some(if self.0 { u32::from_be_bytes(s) } else { u32::from_le_bytes(s) })
+        Some(if self.0 {
+            u32::from_be_bytes(s)
+        } else {
+            u32::from_le_bytes(s)
+        })
     }
 }
 
@@ -113,7 +124,11 @@ fn read_pcap(bytes: &[u8], e: Endian, frac_ns: u64) -> (Vec<Packet>, Option<Capt
         let Some((timestamp_ns, data, incl)) = rec else {
             return (out, Some(CaptureError::Truncated { offset: at }));
         };
-        out.push(Packet { linktype, timestamp_ns, data: data.to_vec() });
+        out.push(Packet {
+            linktype,
+            timestamp_ns,
+            data: data.to_vec(),
+        });
         at += 16 + incl;
     }
     (out, None)
@@ -138,7 +153,13 @@ fn read_pcapng(bytes: &[u8]) -> (Vec<Packet>, Option<CaptureError>) {
         };
         let end = at.checked_add(len as usize);
         if len < 12 || len % 4 != 0 || end.is_none_or(|end| end > bytes.len()) {
-            return (out, Some(CaptureError::BadBlockLength { offset: at, length: len }));
+            return (
+                out,
+                Some(CaptureError::BadBlockLength {
+                    offset: at,
+                    length: len,
+                }),
+            );
         }
         let block = &bytes[at + 8..at + len as usize - 4];
         match kind {
@@ -152,11 +173,12 @@ fn read_pcapng(bytes: &[u8]) -> (Vec<Packet>, Option<CaptureError>) {
                         break;
                     }
                     if code == 9 {
-                        if let (Some(res), Some(last)) = (block.get(opt + 4), interfaces.last_mut()) {
+                        if let (Some(res), Some(last)) = (block.get(opt + 4), interfaces.last_mut())
+                        {
                             last.1 = tsresol_ns(*res);
                         }
                     }
-                    opt += 4 + (usize::from(olen) + 3) / 4 * 4;
+                    opt += 4 + usize::from(olen).div_ceil(4) * 4;
                 }
             }
             6 => {
@@ -174,7 +196,11 @@ fn read_pcapng(bytes: &[u8]) -> (Vec<Packet>, Option<CaptureError>) {
                     return (out, Some(CaptureError::UnknownInterface(iface)));
                 };
                 let timestamp_ns = ts.saturating_mul(unit) / 1000;
-                out.push(Packet { linktype, timestamp_ns, data: data.to_vec() });
+                out.push(Packet {
+                    linktype,
+                    timestamp_ns,
+                    data: data.to_vec(),
+                });
             }
             3 => {
                 let Some(&(linktype, _)) = interfaces.first() else {
@@ -183,7 +209,11 @@ fn read_pcapng(bytes: &[u8]) -> (Vec<Packet>, Option<CaptureError>) {
                 let orig = e.u32(block, 0).unwrap_or(0) as usize;
                 let data = block.get(4..).unwrap_or(&[]);
                 let data = &data[..orig.min(data.len())];
-                out.push(Packet { linktype, timestamp_ns: 0, data: data.to_vec() });
+                out.push(Packet {
+                    linktype,
+                    timestamp_ns: 0,
+                    data: data.to_vec(),
+                });
             }
             _ => {}
         }
@@ -260,7 +290,12 @@ mod tests {
         assert_eq!(pkts[1].timestamp_ns, 2_000_001_000);
         let (pkts, err) = read(&bytes[..bytes.len() - 1]);
         assert_eq!(pkts.len(), 1);
-        assert_eq!(err, Some(CaptureError::Truncated { offset: 24 + 16 + 3 }));
+        assert_eq!(
+            err,
+            Some(CaptureError::Truncated {
+                offset: 24 + 16 + 3
+            })
+        );
         for cut in 0..bytes.len() {
             let _ = read(&bytes[..cut]);
         }

@@ -22,7 +22,11 @@ impl Default for DecodeOptions {
 /// Decodes one frame into a JSON object; a frame that cannot be parsed yields `{"error": ...}`.
 /// The object always starts with `frame` (the 1-based index) and `len`.
 pub fn to_json(index: usize, bytes: &[u8], opts: &DecodeOptions) -> Value {
-    let popts = ParseOptions { port: opts.port, icrc: IcrcCheck::Report, ..ParseOptions::default() };
+    let popts = ParseOptions {
+        port: opts.port,
+        icrc: IcrcCheck::Report,
+        ..ParseOptions::default()
+    };
     let mut obj = Map::new();
     obj.insert("frame".into(), json!(index));
     obj.insert("len".into(), json!(bytes.len()));
@@ -36,7 +40,8 @@ pub fn to_json(index: usize, bytes: &[u8], opts: &DecodeOptions) -> Value {
 }
 
 fn be16(b: &[u8], at: usize) -> u16 {
-    b.get(at..at + 2).map_or(0, |s| u16::from_be_bytes([s[0], s[1]]))
+    b.get(at..at + 2)
+        .map_or(0, |s| u16::from_be_bytes([s[0], s[1]]))
 }
 
 fn fill(obj: &mut Map<String, Value>, p: &Parsed<'_>, raw: &[u8]) {
@@ -46,7 +51,10 @@ fn fill(obj: &mut Map<String, Value>, p: &Parsed<'_>, raw: &[u8]) {
         json!({"dst": r.eth.dst.to_string(), "src": r.eth.src.to_string(), "ethertype": r.eth.ethertype}),
     );
     if let Some(v) = r.eth.vlan {
-        obj.insert("vlan".into(), json!({"pcp": v.pcp, "dei": v.dei, "vid": v.vid}));
+        obj.insert(
+            "vlan".into(),
+            json!({"pcp": v.pcp, "dei": v.dei, "vid": v.vid}),
+        );
     }
     let ip_at = r.eth.header_len();
     let udp_at = ip_at + r.ip.header_len();
@@ -130,13 +138,19 @@ fn fill(obj: &mut Map<String, Value>, p: &Parsed<'_>, raw: &[u8]) {
         );
     }
     if let Some(d) = e.deth {
-        obj.insert("deth".into(), json!({"qkey": d.qkey, "src_qp": d.src_qp.get()}));
+        obj.insert(
+            "deth".into(),
+            json!({"qkey": d.qkey, "src_qp": d.src_qp.get()}),
+        );
     }
     if let Some(m) = e.mr_remote {
         obj.insert("mr_remote".into(), json!({"va": m.va, "rkey": m.rkey}));
     }
     if let Some(x) = e.reth {
-        obj.insert("reth".into(), json!({"va": x.va, "rkey": x.rkey, "dma_len": x.dma_len}));
+        obj.insert(
+            "reth".into(),
+            json!({"va": x.va, "rkey": x.rkey, "dma_len": x.dma_len}),
+        );
     }
     if let Some(a) = e.atomic_eth {
         obj.insert(
@@ -295,14 +309,18 @@ fn label(key: &str) -> &str {
 fn show(header: &str, name: &str, v: &Value) -> String {
     let hex = matches!(
         (header, name),
-        (_, "va" | "rkey" | "qkey" | "pkey" | "dest_qp" | "src_qp" | "checksum" | "ethertype")
-            | ("icrc", "value" | "computed")
+        (
+            _,
+            "va" | "rkey" | "qkey" | "pkey" | "dest_qp" | "src_qp" | "checksum" | "ethertype"
+        ) | ("icrc", "value" | "computed")
             | ("bth", "opcode")
             | ("aeth", "syndrome")
             | ("immdt", "value")
     );
     match v {
-        Value::Number(n) if hex => n.as_u64().map_or_else(|| n.to_string(), |x| format!("0x{x:x}")),
+        Value::Number(n) if hex => n
+            .as_u64()
+            .map_or_else(|| n.to_string(), |x| format!("0x{x:x}")),
         Value::String(s) if s.contains(' ') => format!("{s:?}"),
         Value::String(s) => s.clone(),
         other => other.to_string(),

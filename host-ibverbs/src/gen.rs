@@ -7,8 +7,8 @@ use transport_core::wire::metaroce::{
 };
 use transport_core::wire::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Ecn, EtherType, EthernetRepr,
-    ExtensionFields, Extensions, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, MacAddr, Opcode, Psn, Qpn, RethRepr,
-    Transport, UdpRepr, VlanTag, ROCEV2_PORT,
+    ExtensionFields, Extensions, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, MacAddr, Opcode, Psn, Qpn,
+    RethRepr, Transport, UdpRepr, VlanTag, ROCEV2_PORT,
 };
 
 /// Which opcodes to draw from.
@@ -100,8 +100,11 @@ pub fn frame(rng: &mut Rng, kind: Kind) -> Vec<u8> {
         })
         .collect();
     let opcode = opcodes[rng.below(opcodes.len() as u64) as usize];
-    let payload_len =
-        if carries_payload(opcode) { rng.below(4097) as usize } else { 0 };
+    let payload_len = if carries_payload(opcode) {
+        rng.below(4097) as usize
+    } else {
+        0
+    };
     let payload: Vec<u8> = (0..payload_len).map(|_| rng.u8()).collect();
 
     let v6 = rng.bool();
@@ -157,9 +160,18 @@ pub fn frame(rng: &mut Rng, kind: Kind) -> Vec<u8> {
         psn: Psn::new(rng.u32()),
     };
     let ext = extensions(rng, opcode, payload_len);
-    let repr = FrameRepr { eth, ip, udp, bth, ext, payload: &payload };
+    let repr = FrameRepr {
+        eth,
+        ip,
+        udp,
+        bth,
+        ext,
+        payload: &payload,
+    };
     let mut out = vec![0u8; repr.buffer_len()];
-    let n = repr.emit(&mut out).expect("a generated frame is valid by construction");
+    let n = repr
+        .emit(&mut out)
+        .expect("a generated frame is valid by construction");
     out.truncate(n);
     out
 }
@@ -188,13 +200,23 @@ fn extensions(rng: &mut Rng, opcode: Opcode, payload_len: usize) -> Extensions {
         });
     }
     if l.has_deth() {
-        ext.deth = Some(DethRepr { qkey: rng.u32(), src_qp: Qpn::new(rng.u32()) });
+        ext.deth = Some(DethRepr {
+            qkey: rng.u32(),
+            src_qp: Qpn::new(rng.u32()),
+        });
     }
     if l.has_mr_remote() {
-        ext.mr_remote = Some(MrRemoteRepr { va: rng.next_u64(), rkey: rng.u32() });
+        ext.mr_remote = Some(MrRemoteRepr {
+            va: rng.next_u64(),
+            rkey: rng.u32(),
+        });
     }
     if l.has_reth() {
-        ext.reth = Some(RethRepr { va: rng.next_u64(), rkey: rng.u32(), dma_len: rng.u32() });
+        ext.reth = Some(RethRepr {
+            va: rng.next_u64(),
+            rkey: rng.u32(),
+            dma_len: rng.u32(),
+        });
     }
     if l.has_atomic_eth() {
         ext.atomic_eth = Some(AtomicEthRepr {
@@ -211,10 +233,15 @@ fn extensions(rng: &mut Rng, opcode: Opcode, payload_len: usize) -> Extensions {
             1 => 0x20 | rng.below(32) as u8,
             _ => 0x60 | rng.below(5) as u8,
         };
-        ext.aeth = Some(AethRepr { syndrome, msn: rng.u32() & 0xff_ffff });
+        ext.aeth = Some(AethRepr {
+            syndrome,
+            msn: rng.u32() & 0xff_ffff,
+        });
     }
     if l.has_atomic_ack_eth() {
-        ext.atomic_ack_eth = Some(AtomicAckEthRepr { orig: rng.next_u64() });
+        ext.atomic_ack_eth = Some(AtomicAckEthRepr {
+            orig: rng.next_u64(),
+        });
     }
     if l.has_immdt() {
         ext.immdt = Some(rng.u32());

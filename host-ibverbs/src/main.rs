@@ -10,7 +10,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "metaroce", version, about = "MetaRoCE-class RDMA transport tools")]
+#[command(
+    name = "metaroce",
+    version,
+    about = "MetaRoCE-class RDMA transport tools"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -66,8 +70,18 @@ enum GenKind {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Decode { hex, pcap, json, port } => run_decode(hex, pcap, json, port),
-        Command::Gen { count, seed, kind, pcap } => run_gen(count, seed, kind, pcap),
+        Command::Decode {
+            hex,
+            pcap,
+            json,
+            port,
+        } => run_decode(hex, pcap, json, port),
+        Command::Gen {
+            count,
+            seed,
+            kind,
+            pcap,
+        } => run_gen(count, seed, kind, pcap),
     };
     match result {
         Ok(code) => code,
@@ -83,20 +97,36 @@ fn main() -> ExitCode {
 type Input = Result<Vec<u8>, String>;
 
 fn parse_hex(s: &str) -> Input {
-    let digits: String = s.chars().filter(|c| !c.is_whitespace() && *c != ':').collect();
+    let digits: String = s
+        .chars()
+        .filter(|c| !c.is_whitespace() && *c != ':')
+        .collect();
     let digits = digits.strip_prefix("0x").unwrap_or(&digits);
     if digits.len() % 2 != 0 {
-        return Err(format!("invalid hex: odd number of digits ({})", digits.len()));
+        return Err(format!(
+            "invalid hex: odd number of digits ({})",
+            digits.len()
+        ));
     }
     (0..digits.len() / 2)
         .map(|i| {
-            u8::from_str_radix(&digits[2 * i..2 * i + 2], 16)
-                .map_err(|_| format!("invalid hex: '{}' at digit {}", &digits[2 * i..2 * i + 2], 2 * i))
+            u8::from_str_radix(&digits[2 * i..2 * i + 2], 16).map_err(|_| {
+                format!(
+                    "invalid hex: '{}' at digit {}",
+                    &digits[2 * i..2 * i + 2],
+                    2 * i
+                )
+            })
         })
         .collect()
 }
 
-fn run_decode(hex: Vec<String>, pcap: Option<PathBuf>, as_json: bool, port: u16) -> io::Result<ExitCode> {
+fn run_decode(
+    hex: Vec<String>,
+    pcap: Option<PathBuf>,
+    as_json: bool,
+    port: u16,
+) -> io::Result<ExitCode> {
     let opts = DecodeOptions { port };
     let stdout = io::stdout();
     let mut out = BufWriter::new(stdout.lock());
@@ -148,7 +178,11 @@ fn run_decode(hex: Vec<String>, pcap: Option<PathBuf>, as_json: bool, port: u16)
         }
     }
     out.flush()?;
-    Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    Ok(if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn run_gen(count: u64, seed: u64, kind: GenKind, pcap: Option<PathBuf>) -> io::Result<ExitCode> {

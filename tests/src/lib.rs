@@ -11,12 +11,17 @@ use std::process::Command;
 
 /// The repository's top directory.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
 }
 
 /// A file under `tests/data`.
 pub fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("data").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("data")
+        .join(name)
 }
 
 /// A fresh scratch directory for one test.
@@ -29,7 +34,9 @@ pub fn scratch(name: &str) -> PathBuf {
 
 /// Decodes a hex string.
 pub fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2).map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex")).collect()
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
+        .collect()
 }
 
 /// The frames of a `.hex` vector file (comment lines start with '#').
@@ -60,7 +67,9 @@ pub fn python() -> PathBuf {
 
 /// Runs a Python script from `tests/py` and returns its standard output.
 pub fn run_python(script: &str, args: &[&str]) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("py").join(script);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("py")
+        .join(script);
     let out = Command::new(python())
         .arg(&path)
         .args(args)
@@ -97,14 +106,20 @@ pub fn tshark_fields(pcap: &Path, fields: &[&str]) -> Vec<HashMap<String, String
     for h in HEURISTICS {
         cmd.args(["--disable-heuristic", h]);
     }
-    cmd.arg("-r").arg(pcap).args(["-T", "fields", "-E", "separator=/t", "-E", "occurrence=f"]);
+    cmd.arg("-r")
+        .arg(pcap)
+        .args(["-T", "fields", "-E", "separator=/t", "-E", "occurrence=f"]);
     for f in fields {
         cmd.args(["-e", f]);
     }
     let out = cmd.output().unwrap_or_else(|e| {
         panic!("tshark is not installed or cannot run ({e}): scripts/test.sh installs it")
     });
-    assert!(out.status.success(), "tshark failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "tshark failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout)
         .expect("utf-8 output")
         .lines()

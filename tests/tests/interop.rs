@@ -131,11 +131,23 @@ const TSHARK_FIELDS: &[Field] = &[
     // tshark shows the AtomicETH's address and key under the RETH's field names.
     f(("atomic_eth", "va"), "infiniband.reth.va", Conv::Num),
     f(("atomic_eth", "rkey"), "infiniband.reth.r_key", Conv::Num),
-    f(("atomic_eth", "swap_add"), "infiniband.atomiceth.swapdt", Conv::Num),
-    f(("atomic_eth", "compare"), "infiniband.atomiceth.cmpdt", Conv::Num),
+    f(
+        ("atomic_eth", "swap_add"),
+        "infiniband.atomiceth.swapdt",
+        Conv::Num,
+    ),
+    f(
+        ("atomic_eth", "compare"),
+        "infiniband.atomiceth.cmpdt",
+        Conv::Num,
+    ),
     f(("aeth", "syndrome"), "infiniband.aeth.syndrome", Conv::Num),
     f(("aeth", "msn"), "infiniband.aeth.msn", Conv::Num),
-    f(("atomic_ack_eth", "orig"), "infiniband.atomicacketh.origremdt", Conv::Num),
+    f(
+        ("atomic_ack_eth", "orig"),
+        "infiniband.atomicacketh.origremdt",
+        Conv::Num,
+    ),
     f(("deth", "qkey"), "infiniband.deth.q_key", Conv::Num),
     f(("deth", "src_qp"), "infiniband.deth.srcqp", Conv::Num),
     f(("immdt", "value"), "infiniband.immdt", Conv::Bytes),
@@ -146,7 +158,9 @@ const TSHARK_FIELDS: &[Field] = &[
 fn json_number(v: &Value) -> u64 {
     match v {
         Value::Bool(b) => u64::from(*b),
-        other => other.as_u64().unwrap_or_else(|| panic!("not a number: {other}")),
+        other => other
+            .as_u64()
+            .unwrap_or_else(|| panic!("not a number: {other}")),
     }
 }
 
@@ -172,10 +186,16 @@ fn tshark_dissects_generated_frames_with_equal_fields() {
         let mut seen: HashMap<&str, bool> = HashMap::new();
         for field in TSHARK_FIELDS {
             let (header, name) = field.json;
-            let Some(value) = ours.get(header).and_then(|h| h.get(name)) else { continue };
+            let Some(value) = ours.get(header).and_then(|h| h.get(name)) else {
+                continue;
+            };
             let past_bth = !matches!(header, "eth" | "vlan" | "ipv4" | "ipv6" | "udp" | "bth");
             let Some(theirs) = ts.get(field.tshark) else {
-                assert!(bth_only && past_bth, "frame {i}: tshark shows no {} ({ours})", field.tshark);
+                assert!(
+                    bth_only && past_bth,
+                    "frame {i}: tshark shows no {} ({ours})",
+                    field.tshark
+                );
                 continue;
             };
             seen.insert(field.tshark, true);
@@ -187,15 +207,25 @@ fn tshark_dissects_generated_frames_with_equal_fields() {
                     (json_number(value) as u32).swap_bytes() == tshark_number(theirs) as u32
                 }
             };
-            assert!(equal, "frame {i}: {header}.{name} = {value}, tshark {} = {theirs}", field.tshark);
+            assert!(
+                equal,
+                "frame {i}: {header}.{name} = {value}, tshark {} = {theirs}",
+                field.tshark
+            );
             compared += 1;
         }
         // Nothing tshark found may be missing from our decode.
         for name in ts.keys() {
-            assert!(seen.contains_key(name.as_str()), "frame {i}: tshark shows {name}, we do not");
+            assert!(
+                seen.contains_key(name.as_str()),
+                "frame {i}: tshark shows {name}, we do not"
+            );
         }
     }
-    assert!(compared > 20 * frames.len(), "only {compared} fields compared");
+    assert!(
+        compared > 20 * frames.len(),
+        "only {compared} fields compared"
+    );
 }
 
 #[test]
@@ -206,7 +236,12 @@ fn project_decodes_scapy_frames_with_equal_fields() {
     let jsonl = dir.join("scapy.jsonl");
     run_python(
         "scapy_build.py",
-        &[&FRAMES.to_string(), "21", pcap.to_str().unwrap(), jsonl.to_str().unwrap()],
+        &[
+            &FRAMES.to_string(),
+            "21",
+            pcap.to_str().unwrap(),
+            jsonl.to_str().unwrap(),
+        ],
     );
     let (packets, err) = host_ibverbs::capture::read(&std::fs::read(&pcap).unwrap());
     assert!(err.is_none(), "{err:?}");
@@ -221,7 +256,11 @@ fn project_decodes_scapy_frames_with_equal_fields() {
         let got = to_json(i + 1, &p.data, &DecodeOptions::default());
         assert!(got.get("error").is_none(), "frame {i}: {got}");
         let eq = |ours: &Value, theirs: &Value, what: &str| {
-            assert_eq!(json_number(ours), json_number(theirs), "frame {i}: {what}: {got} vs {want}");
+            assert_eq!(
+                json_number(ours),
+                json_number(theirs),
+                "frame {i}: {what}: {got} vs {want}"
+            );
         };
         assert_eq!(got["icrc"]["ok"], Value::Bool(true), "frame {i}: {got}");
         eq(&got["icrc"]["value"], &want["icrc"], "icrc");
@@ -234,7 +273,11 @@ fn project_decodes_scapy_frames_with_equal_fields() {
         } else {
             assert!(got.get("vlan").is_none());
         }
-        let ip = if want["ip"] == 4 { &got["ipv4"] } else { &got["ipv6"] };
+        let ip = if want["ip"] == 4 {
+            &got["ipv4"]
+        } else {
+            &got["ipv6"]
+        };
         assert_eq!(ip["src"], want["src"], "frame {i}");
         assert_eq!(ip["dst"], want["dst"], "frame {i}");
         eq(&ip["dscp"], &want["dscp"], "dscp");
@@ -291,8 +334,20 @@ fn project_decodes_scapy_frames_with_equal_fields() {
         if let Some(v) = want.get("ieth") {
             eq(&got["ieth"]["rkey"], v, "ieth");
         }
-        for header in ["reth", "aeth", "atomic_eth", "atomic_ack_eth", "deth", "immdt", "ieth"] {
-            assert_eq!(got.get(header).is_some(), want.get(header).is_some(), "frame {i}: {header}");
+        for header in [
+            "reth",
+            "aeth",
+            "atomic_eth",
+            "atomic_ack_eth",
+            "deth",
+            "immdt",
+            "ieth",
+        ] {
+            assert_eq!(
+                got.get(header).is_some(),
+                want.get(header).is_some(),
+                "frame {i}: {header}"
+            );
         }
         assert_eq!(got.get("cnp").is_some(), want["opcode"] == 0x81);
     }

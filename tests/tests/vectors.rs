@@ -19,8 +19,10 @@ fn v4(p: &Parsed<'_>) -> (Ipv4Addr, Ipv4Addr, u8, Ecn) {
 fn connectx_frames_parse_with_the_right_fields() {
     let frames = hex_frames(&data("rocev2-connectx.hex"));
     assert_eq!(frames.len(), 8);
-    let parsed: Vec<Parsed<'_>> =
-        frames.iter().map(|f| parse(f).expect("a real NIC frame parses")).collect();
+    let parsed: Vec<Parsed<'_>> = frames
+        .iter()
+        .map(|f| parse(f).expect("a real NIC frame parses"))
+        .collect();
     for p in &parsed {
         assert_eq!(p.icrc_ok(), Some(true));
     }
@@ -28,7 +30,15 @@ fn connectx_frames_parse_with_the_right_fields() {
     // 1: CNP from a ConnectX-4 Lx: TOS 0xc2, UDP source port 0, BECN, P_Key 0xffff.
     let cnp = &parsed[0].repr;
     assert_eq!(cnp.eth.dst, MacAddr([0xe4, 0x1d, 0x2d, 0xab, 0x2b, 0xc2]));
-    assert_eq!(v4(&parsed[0]), (Ipv4Addr::new(10, 0, 17, 1), Ipv4Addr::new(10, 0, 18, 1), 48, Ecn::Ect0));
+    assert_eq!(
+        v4(&parsed[0]),
+        (
+            Ipv4Addr::new(10, 0, 17, 1),
+            Ipv4Addr::new(10, 0, 18, 1),
+            48,
+            Ecn::Ect0
+        )
+    );
     assert_eq!((cnp.udp.src_port, cnp.udp.dst_port), (0, 4791));
     assert_eq!(cnp.bth.opcode, Opcode::Cnp);
     assert!(cnp.bth.becn && !cnp.bth.fecn);
@@ -39,7 +49,14 @@ fn connectx_frames_parse_with_the_right_fields() {
     // 2 and 3: UD SEND_ONLY carrying a CM MAD on VLAN 1, QP1, Q_Key 0x80010000.
     for (i, psn) in [(1, 0x1cc), (2, 0x1cd)] {
         let r = &parsed[i].repr;
-        assert_eq!(r.eth.vlan, Some(VlanTag { pcp: 0, dei: false, vid: 1 }));
+        assert_eq!(
+            r.eth.vlan,
+            Some(VlanTag {
+                pcp: 0,
+                dei: false,
+                vid: 1
+            })
+        );
         assert_eq!(v4(&parsed[i]).0, Ipv4Addr::new(192, 170, 1, 2));
         assert_eq!(r.udp.src_port, 0xfa4f);
         assert_eq!(r.bth.opcode, Opcode::UdSendOnly);
@@ -55,7 +72,10 @@ fn connectx_frames_parse_with_the_right_fields() {
     let send = &parsed[3].repr;
     assert_eq!(send.bth.opcode, Opcode::RcSendOnly);
     assert!(send.bth.ack_req);
-    assert_eq!((send.bth.dest_qp, send.bth.psn), (Qpn::new(0xdeaded), Psn::new(0xfedfed)));
+    assert_eq!(
+        (send.bth.dest_qp, send.bth.psn),
+        (Qpn::new(0xdeaded), Psn::new(0xfedfed))
+    );
     assert_eq!(send.payload.len(), 192);
 
     // 5 and 6: RC ACKs, MSN 2 and 4, syndrome "ACK, credit 0".

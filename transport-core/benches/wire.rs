@@ -14,8 +14,8 @@ use std::net::Ipv4Addr;
 use transport_core::icrc;
 use transport_core::wire::metaroce::MrAckRepr;
 use transport_core::wire::{
-    parse_with, BthRepr, EtherType, EthernetRepr, Extensions, FrameRepr, IcrcCheck, IpRepr,
-    Ipv4Repr, MacAddr, Opcode, ParseOptions, Psn, Qpn, RethRepr, UdpRepr, Ecn,
+    parse_with, BthRepr, Ecn, EtherType, EthernetRepr, Extensions, FrameRepr, FrameView, IcrcCheck,
+    IpRepr, Ipv4Repr, MacAddr, Opcode, ParseOptions, Psn, Qpn, RethRepr, UdpRepr,
 };
 
 fn frame(opcode: Opcode, ext: Extensions, payload: &[u8]) -> Vec<u8> {
@@ -36,7 +36,11 @@ fn frame(opcode: Opcode, ext: Extensions, payload: &[u8]) -> Vec<u8> {
             dst: Ipv4Addr::new(10, 0, 0, 2),
             options: &[],
         }),
-        udp: UdpRepr { src_port: 0xc123, dst_port: 4791, checksum: false },
+        udp: UdpRepr {
+            src_port: 0xc123,
+            dst_port: 4791,
+            checksum: false,
+        },
         bth: BthRepr {
             opcode,
             solicited: false,
@@ -60,7 +64,11 @@ fn frame(opcode: Opcode, ext: Extensions, payload: &[u8]) -> Vec<u8> {
 
 fn write_4k() -> Vec<u8> {
     let payload = vec![0x5a; 4096];
-    let ext = Extensions::Reth(RethRepr { va: 0x7f00_0000_1000, rkey: 0xabcd, dma_len: 4096 });
+    let ext = Extensions::Reth(RethRepr {
+        va: 0x7f00_0000_1000,
+        rkey: 0xabcd,
+        dma_len: 4096,
+    });
     frame(Opcode::RcWriteOnly, ext, &payload)
 }
 
@@ -75,22 +83,46 @@ fn mr_ack() -> Vec<u8> {
 }
 
 fn bench_parse(c: &mut Criterion) {
-    let no_icrc = ParseOptions { icrc: IcrcCheck::Skip, ..ParseOptions::default() };
+    let no_icrc = ParseOptions {
+        icrc: IcrcCheck::Skip,
+        ..ParseOptions::default()
+    };
     let full = ParseOptions::default();
     let mut g = c.benchmark_group("parse");
     for (name, bytes) in [("rocev2_write_4k", write_4k()), ("metaroce_ack", mr_ack())] {
-        g.bench_with_input(BenchmarkId::new("etherparse_eth_ip_udp", name), &bytes, |b, f| {
-            b.iter(|| {
-                let s = etherparse::SlicedPacket::from_ethernet(black_box(f)).unwrap();
-                black_box(s.transport.is_some())
-            })
-        });
-        g.bench_with_input(BenchmarkId::new("ours_full_no_icrc", name), &bytes, |b, f| {
-            b.iter(|| black_box(parse_with(black_box(f), &no_icrc).unwrap().repr.bth.psn))
-        });
-        g.bench_with_input(BenchmarkId::new("ours_full_with_icrc", name), &bytes, |b, f| {
-            b.iter(|| black_box(parse_with(black_box(f), &full).unwrap().icrc))
-        });
+        g.bench_with_input(
+            BenchmarkId::new("etherparse_eth_ip_udp", name),
+            &bytes,
+            |b, f| {
+                b.iter(|| {
+                    let s = etherparse::SlicedPacket::from_ethernet(black_box(f)).unwrap();
+                    black_box(s.transport.is_some())
+                })
+            },
+        );
+        g.bench_with_input(
+            BenchmarkId::new("ours_view_no_icrc", name),
+            &bytes,
+            |b, f| {
+                b.iter(|| {
+                    black_box(
+                        FrameView::new_checked(black_box(f), &no_icrc)
+                            .unwrap()
+                            .psn(),
+                    )
+                })
+            },
+        );
+        g.bench_with_input(
+            BenchmarkId::new("ours_repr_no_icrc", name),
+            &bytes,
+            |b, f| b.iter(|| black_box(parse_with(black_box(f), &no_icrc).unwrap().repr.bth.psn)),
+        );
+        g.bench_with_input(
+            BenchmarkId::new("ours_view_with_icrc", name),
+            &bytes,
+            |b, f| b.iter(|| black_box(FrameView::new_checked(black_box(f), &full).unwrap().psn())),
+        );
     }
     g.finish();
 }
@@ -128,9 +160,15 @@ fn bench_crc(c: &mut Criterion) {
     let table1 = crc::Crc::<u32, crc::Table<1>>::new(&crc::CRC_32_ISO_HDLC);
     let mut g = c.benchmark_group("crc32_4k");
     g.throughput(Throughput::Bytes(data.len() as u64));
-    g.bench_function("crc_table1", |b| b.iter(|| black_box(table1.checksum(black_box(&data)))));
-    g.bench_function("crc_table16", |b| b.iter(|| black_box(table16.checksum(black_box(&data)))));
-    g.bench_function("ours", |b| b.iter(|| black_box(icrc::crc32(black_box(&data)))));
+    g.bench_function("crc_table1", |b| {
+        b.iter(|| black_box(table1.checksum(black_box(&data))))
+    });
+    g.bench_function("crc_table16", |b| {
+        b.iter(|| black_box(table16.checksum(black_box(&data))))
+    });
+    g.bench_function("ours", |b| {
+        b.iter(|| black_box(icrc::crc32(black_box(&data))))
+    });
     let frame = write_4k();
     let ip = 14;
     g.bench_function("ours_icrc_of_write_4k_frame", |b| {

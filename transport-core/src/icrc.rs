@@ -73,7 +73,11 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], transport: &[u8]) -> u32 {
     let ip = &mut prefix[8..8 + ip_len];
     ip.copy_from_slice(&ip_header[..ip_len]);
     let version = ip.first().map_or(0, |b| b >> 4);
-    let masks: &[usize] = if version == 6 { &[1, 2, 3, 7] } else { &[1, 8, 10, 11] };
+    let masks: &[usize] = if version == 6 {
+        &[1, 2, 3, 7]
+    } else {
+        &[1, 8, 10, 11]
+    };
     for &i in masks {
         if let Some(b) = ip.get_mut(i) {
             *b = 0xff;

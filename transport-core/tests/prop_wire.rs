@@ -8,8 +8,8 @@ use transport_core::wire::metaroce::{
 };
 use transport_core::wire::{
     parse, parse_with, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Ecn,
-    EtherType, EthernetRepr, ExtensionFields, Extensions, FrameRepr, IcrcCheck, IpRepr, Ipv4Repr, Ipv6Repr,
-    MacAddr, Opcode, ParseOptions, Psn, Qpn, RethRepr, UdpRepr, VlanTag,
+    EtherType, EthernetRepr, ExtensionFields, Extensions, FrameRepr, IcrcCheck, IpRepr, Ipv4Repr,
+    Ipv6Repr, MacAddr, Opcode, ParseOptions, Psn, Qpn, RethRepr, UdpRepr, VlanTag,
 };
 
 fn ecn() -> impl Strategy<Value = Ecn> {
@@ -24,8 +24,15 @@ fn opcode() -> impl Strategy<Value = Opcode> {
 }
 
 fn bth(op: Opcode) -> impl Strategy<Value = BthRepr> {
-    (any::<[bool; 6]>(), 0u8..4, 0u8..16, any::<u16>(), any::<u32>(), any::<u32>()).prop_map(
-        move |(b, pad_count, tver, pkey, qp, psn)| BthRepr {
+    (
+        any::<[bool; 6]>(),
+        0u8..4,
+        0u8..16,
+        any::<u16>(),
+        any::<u32>(),
+        any::<u32>(),
+    )
+        .prop_map(move |(b, pad_count, tver, pkey, qp, psn)| BthRepr {
             opcode: op,
             solicited: b[0],
             mig_req: b[1],
@@ -37,8 +44,7 @@ fn bth(op: Opcode) -> impl Strategy<Value = BthRepr> {
             dest_qp: Qpn::new(qp),
             ack_req: b[4],
             psn: Psn::new(psn),
-        },
-    )
+        })
 }
 
 prop_compose! {
@@ -128,47 +134,83 @@ impl Parts {
                 })
             }
         };
-        FrameRepr { eth: self.eth, ip, udp: self.udp, bth: self.bth, ext: self.ext, payload: &self.payload }
+        FrameRepr {
+            eth: self.eth,
+            ip,
+            udp: self.udp,
+            bth: self.bth,
+            ext: self.ext,
+            payload: &self.payload,
+        }
     }
 }
 
 fn parts() -> impl Strategy<Value = Parts> {
     opcode().prop_flat_map(|op| {
         (
-            (any::<[u8; 6]>(), any::<[u8; 6]>(), prop::option::of((0u8..8, any::<bool>(), 0u16..4096))),
-            prop::option::of((0u8..64, ecn(), 0u32..(1 << 20), any::<u8>(), any::<u128>(), any::<u128>())),
-            (0u8..64, ecn(), any::<u16>(), any::<bool>(), any::<u8>(), any::<u32>(), any::<u32>()),
+            (
+                any::<[u8; 6]>(),
+                any::<[u8; 6]>(),
+                prop::option::of((0u8..8, any::<bool>(), 0u16..4096)),
+            ),
+            prop::option::of((
+                0u8..64,
+                ecn(),
+                0u32..(1 << 20),
+                any::<u8>(),
+                any::<u128>(),
+                any::<u128>(),
+            )),
+            (
+                0u8..64,
+                ecn(),
+                any::<u16>(),
+                any::<bool>(),
+                any::<u8>(),
+                any::<u32>(),
+                any::<u32>(),
+            ),
             (0usize..=10).prop_flat_map(|words| prop::collection::vec(any::<u8>(), words * 4)),
             (any::<u16>(), any::<bool>()),
             bth(op),
             extensions(op),
             prop::collection::vec(any::<u8>(), 0..600),
         )
-            .prop_map(|(e, v6, v4, options, (sport, checksum), bth, ext, payload)| {
-                let v6 = v6.map(|(dscp, ecn, flow_label, hop_limit, s, d)| Ipv6Repr {
-                    dscp,
-                    ecn,
-                    flow_label,
-                    hop_limit,
-                    src: Ipv6Addr::from(s),
-                    dst: Ipv6Addr::from(d),
-                });
-                Parts {
-                    eth: EthernetRepr {
-                        dst: MacAddr(e.0),
-                        src: MacAddr(e.1),
-                        vlan: e.2.map(|(pcp, dei, vid)| VlanTag { pcp, dei, vid }),
-                        ethertype: if v6.is_some() { EtherType::IPV6 } else { EtherType::IPV4 },
-                    },
-                    v6,
-                    v4,
-                    options: if v6.is_some() { Vec::new() } else { options },
-                    udp: UdpRepr { src_port: sport, dst_port: 4791, checksum },
-                    bth,
-                    ext,
-                    payload,
-                }
-            })
+            .prop_map(
+                |(e, v6, v4, options, (sport, checksum), bth, ext, payload)| {
+                    let v6 = v6.map(|(dscp, ecn, flow_label, hop_limit, s, d)| Ipv6Repr {
+                        dscp,
+                        ecn,
+                        flow_label,
+                        hop_limit,
+                        src: Ipv6Addr::from(s),
+                        dst: Ipv6Addr::from(d),
+                    });
+                    Parts {
+                        eth: EthernetRepr {
+                            dst: MacAddr(e.0),
+                            src: MacAddr(e.1),
+                            vlan: e.2.map(|(pcp, dei, vid)| VlanTag { pcp, dei, vid }),
+                            ethertype: if v6.is_some() {
+                                EtherType::IPV6
+                            } else {
+                                EtherType::IPV4
+                            },
+                        },
+                        v6,
+                        v4,
+                        options: if v6.is_some() { Vec::new() } else { options },
+                        udp: UdpRepr {
+                            src_port: sport,
+                            dst_port: 4791,
+                            checksum,
+                        },
+                        bth,
+                        ext,
+                        payload,
+                    }
+                },
+            )
     })
 }
 

@@ -145,6 +145,21 @@ macro_rules! opcodes {
                     Opcode::Unknown(_) => Layout::None,
                 }
             }
+
+            /// The layout of an opcode byte, by table lookup (the receive path's way).
+            #[inline(always)]
+            pub const fn layout_of(value: u8) -> Layout {
+                const TABLE: [Layout; 256] = {
+                    let mut t = [Layout::None; 256];
+                    let mut i = 0;
+                    while i < 256 {
+                        t[i] = Opcode::from_u8(i as u8).layout();
+                        i += 1;
+                    }
+                    t
+                };
+                TABLE[value as usize]
+            }
         }
     };
 }
@@ -318,23 +333,29 @@ impl BthRepr {
     /// Parses the header, returning it and the bytes after it.
     #[inline]
     pub fn parse(buf: &[u8]) -> Result<(Self, &[u8]), Error> {
-        let (h, rest) = split::<BthHeader>(buf, Header::Bth)?;
-        let fb_qp = h.fb_qp.get();
-        let a_psn = h.a_psn.get();
-        let repr = BthRepr {
-            opcode: Opcode::from_u8(h.opcode),
-            solicited: h.flags & 0x80 != 0,
-            mig_req: h.flags & 0x40 != 0,
-            pad_count: (h.flags >> 4) & 3,
-            tver: h.flags & 0x0f,
-            pkey: h.pkey.get(),
+        let (h, rest) = split::<[u8; 12]>(buf, Header::Bth)?;
+        Ok((Self::from_bytes(h), rest))
+    }
+
+    /// Reads the 12 bytes of a BTH; every bit pattern is a valid header.
+    #[inline]
+    pub fn from_bytes(b: &[u8; 12]) -> Self {
+        let flags = b[1];
+        let fb_qp = u32::from_be_bytes([b[4], b[5], b[6], b[7]]);
+        let a_psn = u32::from_be_bytes([b[8], b[9], b[10], b[11]]);
+        BthRepr {
+            opcode: Opcode::from_u8(b[0]),
+            solicited: flags & 0x80 != 0,
+            mig_req: flags & 0x40 != 0,
+            pad_count: (flags >> 4) & 3,
+            tver: flags & 0x0f,
+            pkey: u16::from_be_bytes([b[2], b[3]]),
             fecn: fb_qp & 0x8000_0000 != 0,
             becn: fb_qp & 0x4000_0000 != 0,
             dest_qp: Qpn::new(fb_qp),
             ack_req: a_psn & 0x8000_0000 != 0,
             psn: Psn::new(a_psn),
-        };
-        Ok((repr, rest))
+        }
     }
 
     /// Writes the header, returning the bytes after it.
@@ -352,10 +373,10 @@ impl BthRepr {
             | (self.pad_count << 4)
             | self.tver;
         h.pkey.set(self.pkey);
-        h.fb_qp.set(
-            (u32::from(self.fecn) << 31) | (u32::from(self.becn) << 30) | self.dest_qp.get(),
-        );
-        h.a_psn.set((u32::from(self.ack_req) << 31) | self.psn.get());
+        h.fb_qp
+            .set((u32::from(self.fecn) << 31) | (u32::from(self.becn) << 30) | self.dest_qp.get());
+        h.a_psn
+            .set((u32::from(self.ack_req) << 31) | self.psn.get());
         Ok(rest)
     }
 }

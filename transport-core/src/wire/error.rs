@@ -245,5 +245,9 @@ impl core::error::Error for Error {}
 
 /// Shorthand for a truncation error.
 pub(crate) const fn truncated(header: Header, needed: usize, available: usize) -> Error {
-    Error::Truncated { header, needed, available }
+    Error::Truncated {
+        header,
+        needed,
+        available,
+    }
 }

@@ -84,8 +84,12 @@ impl VlanTag {
         (u16::from(self.pcp & 0x7) << 13) | (u16::from(self.dei) << 12) | (self.vid & 0x0fff)
     }
 
-    fn from_tci(tci: u16) -> Self {
-        VlanTag { pcp: (tci >> 13) as u8, dei: tci & 0x1000 != 0, vid: tci & 0x0fff }
+    pub(crate) fn from_tci(tci: u16) -> Self {
+        VlanTag {
+            pcp: (tci >> 13) as u8,
+            dei: tci & 0x1000 != 0,
+            vid: tci & 0x0fff,
+        }
     }
 }
 
@@ -164,7 +168,14 @@ mod tests {
             0x08, 0x00, 0xaa,
         ];
         let (r, rest) = EthernetRepr::parse(&bytes).unwrap();
-        assert_eq!(r.vlan, Some(VlanTag { pcp: 0, dei: false, vid: 1 }));
+        assert_eq!(
+            r.vlan,
+            Some(VlanTag {
+                pcp: 0,
+                dei: false,
+                vid: 1
+            })
+        );
         assert_eq!(r.ethertype, EtherType::IPV4);
         assert_eq!(rest, &[0xaa]);
         let mut out = [0u8; 18];
@@ -174,7 +185,11 @@ mod tests {
 
     #[test]
     fn pcp_and_dei_bits() {
-        let tag = VlanTag { pcp: 5, dei: true, vid: 0xabc };
+        let tag = VlanTag {
+            pcp: 5,
+            dei: true,
+            vid: 0xabc,
+        };
         assert_eq!(tag.tci(), 0xbabc);
         assert_eq!(VlanTag::from_tci(0xbabc), tag);
     }
@@ -184,7 +199,11 @@ mod tests {
         let bytes = [0u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x81, 0x00, 0x00];
         assert_eq!(
             EthernetRepr::parse(&bytes).unwrap_err(),
-            Error::Truncated { header: Header::Vlan, needed: 4, available: 1 }
+            Error::Truncated {
+                header: Header::Vlan,
+                needed: 4,
+                available: 1
+            }
         );
     }
 }

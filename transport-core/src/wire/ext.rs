@@ -109,7 +109,14 @@ impl Layout {
     }
     /// Whether the layout carries immediate data.
     pub const fn has_immdt(self) -> bool {
-        matches!(self, Layout::RethImm | Layout::Imm | Layout::DethImm | Layout::MrDataImm | Layout::MrRemoteImm)
+        matches!(
+            self,
+            Layout::RethImm
+                | Layout::Imm
+                | Layout::DethImm
+                | Layout::MrDataImm
+                | Layout::MrRemoteImm
+        )
     }
     /// Whether the layout carries an IETH.
     pub const fn has_ieth(self) -> bool {
@@ -403,19 +410,38 @@ fn put32(buf: &mut [u8], header: Header, value: u32) -> Result<&mut [u8], Error>
 #[inline(always)]
 fn parse_reth(buf: &[u8]) -> Result<(RethRepr, &[u8]), Error> {
     let (h, rest) = split::<RethHeader>(buf, Header::Reth)?;
-    Ok((RethRepr { va: h.va.get(), rkey: h.rkey.get(), dma_len: h.dma_len.get() }, rest))
+    Ok((
+        RethRepr {
+            va: h.va.get(),
+            rkey: h.rkey.get(),
+            dma_len: h.dma_len.get(),
+        },
+        rest,
+    ))
 }
 
 #[inline(always)]
 fn parse_aeth(buf: &[u8]) -> Result<(AethRepr, &[u8]), Error> {
     let (v, rest) = be32(buf, Header::Aeth)?;
-    Ok((AethRepr { syndrome: (v >> 24) as u8, msn: v & 0x00ff_ffff }, rest))
+    Ok((
+        AethRepr {
+            syndrome: (v >> 24) as u8,
+            msn: v & 0x00ff_ffff,
+        },
+        rest,
+    ))
 }
 
 #[inline(always)]
 fn parse_deth(buf: &[u8]) -> Result<(DethRepr, &[u8]), Error> {
     let (h, rest) = split::<DethHeader>(buf, Header::Deth)?;
-    Ok((DethRepr { qkey: h.qkey.get(), src_qp: Qpn::new(h.src_qp.get()) }, rest))
+    Ok((
+        DethRepr {
+            qkey: h.qkey.get(),
+            src_qp: Qpn::new(h.src_qp.get()),
+        },
+        rest,
+    ))
 }
 
 #[inline(always)]
@@ -606,7 +632,10 @@ impl Extensions {
     /// Writes the headers, which must form exactly `layout`, returning the bytes after them.
     pub fn emit<'b>(&self, layout: Layout, buf: &'b mut [u8]) -> Result<&'b mut [u8], Error> {
         if self.layout() != layout {
-            return Err(Error::ExtensionMismatch { expected: layout, found: self.layout() });
+            return Err(Error::ExtensionMismatch {
+                expected: layout,
+                found: self.layout(),
+            });
         }
         match *self {
             Extensions::None => Ok(buf),
@@ -717,7 +746,10 @@ impl Extensions {
             Layout::MrProbe => Extensions::MrProbe(need(f.mr_probe, Header::MrProbe)?),
         };
         if ext.fields() != *f {
-            return Err(Error::ExtensionMismatch { expected: layout, found: Layout::None });
+            return Err(Error::ExtensionMismatch {
+                expected: layout,
+                found: Layout::None,
+            });
         }
         Ok(ext)
     }
@@ -788,12 +820,30 @@ mod tests {
     fn syndromes_decode() {
         assert_eq!(AckSyndrome::from_u8(0x1f), AckSyndrome::Ack { credit: 31 });
         assert_eq!(AckSyndrome::from_u8(0x00), AckSyndrome::Ack { credit: 0 });
-        assert_eq!(AckSyndrome::from_u8(0x2e), AckSyndrome::RnrNak { timer: 14 });
-        assert_eq!(AckSyndrome::from_u8(0x60), AckSyndrome::Nak(NakCode::PsnSequenceError));
-        assert_eq!(AckSyndrome::from_u8(0x61), AckSyndrome::Nak(NakCode::InvalidRequest));
-        assert_eq!(AckSyndrome::from_u8(0x62), AckSyndrome::Nak(NakCode::RemoteAccessError));
-        assert_eq!(AckSyndrome::from_u8(0x63), AckSyndrome::Nak(NakCode::RemoteOperationalError));
-        assert_eq!(AckSyndrome::from_u8(0x6a), AckSyndrome::Nak(NakCode::Reserved(10)));
+        assert_eq!(
+            AckSyndrome::from_u8(0x2e),
+            AckSyndrome::RnrNak { timer: 14 }
+        );
+        assert_eq!(
+            AckSyndrome::from_u8(0x60),
+            AckSyndrome::Nak(NakCode::PsnSequenceError)
+        );
+        assert_eq!(
+            AckSyndrome::from_u8(0x61),
+            AckSyndrome::Nak(NakCode::InvalidRequest)
+        );
+        assert_eq!(
+            AckSyndrome::from_u8(0x62),
+            AckSyndrome::Nak(NakCode::RemoteAccessError)
+        );
+        assert_eq!(
+            AckSyndrome::from_u8(0x63),
+            AckSyndrome::Nak(NakCode::RemoteOperationalError)
+        );
+        assert_eq!(
+            AckSyndrome::from_u8(0x6a),
+            AckSyndrome::Nak(NakCode::Reserved(10))
+        );
         assert_eq!(AckSyndrome::from_u8(0x40), AckSyndrome::Reserved(0x40));
         assert_eq!(AckSyndrome::from_u8(0x80), AckSyndrome::Reserved(0x80));
     }
@@ -807,7 +857,14 @@ mod tests {
         let layout = super::super::Opcode::RcWriteOnlyImm.layout();
         let (ext, rest) = Extensions::parse(layout, &bytes).unwrap();
         assert!(rest.is_empty());
-        assert_eq!(ext.reth(), Some(RethRepr { va: 0x0102030405, rkey: 0xdeadbeef, dma_len: 4096 }));
+        assert_eq!(
+            ext.reth(),
+            Some(RethRepr {
+                va: 0x0102030405,
+                rkey: 0xdeadbeef,
+                dma_len: 4096
+            })
+        );
         assert_eq!(ext.immdt(), Some(0xcafebabe));
         assert_eq!(ext.len(), 20);
         let mut out = [0u8; 20];
@@ -821,21 +878,39 @@ mod tests {
         let ext = Extensions::Reth(RethRepr::default());
         assert_eq!(
             ext.emit(Layout::Aeth, &mut out).unwrap_err(),
-            Error::ExtensionMismatch { expected: Layout::Aeth, found: Layout::Reth }
+            Error::ExtensionMismatch {
+                expected: Layout::Aeth,
+                found: Layout::Reth
+            }
         );
     }
 
     #[test]
     fn fields_convert_both_ways() {
-        let f = ExtensionFields { aeth: Some(AethRepr { syndrome: 0x61, msn: 5 }), ..Default::default() };
+        let f = ExtensionFields {
+            aeth: Some(AethRepr {
+                syndrome: 0x61,
+                msn: 5,
+            }),
+            ..Default::default()
+        };
         let ext = Extensions::from_fields(Layout::Aeth, &f).unwrap();
-        assert_eq!(ext, Extensions::Aeth(AethRepr { syndrome: 0x61, msn: 5 }));
+        assert_eq!(
+            ext,
+            Extensions::Aeth(AethRepr {
+                syndrome: 0x61,
+                msn: 5
+            })
+        );
         assert_eq!(ext.fields(), f);
         assert_eq!(
             Extensions::from_fields(Layout::Reth, &f).unwrap_err(),
             Error::MissingHeader(Header::Reth)
         );
-        let extra = ExtensionFields { immdt: Some(1), ..f };
+        let extra = ExtensionFields {
+            immdt: Some(1),
+            ..f
+        };
         assert!(Extensions::from_fields(Layout::Aeth, &extra).is_err());
     }
 }

@@ -6,10 +6,11 @@
 //! RoCEv2 and MetaRoCE frames go through the same entry point: they differ only in the BTH opcode,
 //! which selects the extension headers ([`Opcode::layout`](super::Opcode::layout)).
 
-use super::ip::{IpRepr, Ipv4Repr, Ipv6Repr};
+use super::ip::IpRepr;
+use super::view::FrameView;
 use super::{
-    fold, ones_complement_sum, truncated, BthRepr, EtherType, EthernetRepr, Error, Extensions,
-    Header, UdpRepr, ROCEV2_PORT,
+    fold, ones_complement_sum, BthRepr, Error, EtherType, EthernetRepr, Extensions, UdpRepr,
+    ROCEV2_PORT,
 };
 use crate::icrc;
 
@@ -96,56 +97,28 @@ pub fn parse(frame: &[u8]) -> Result<Parsed<'_>, Error> {
 
 /// Parses a frame with the given checks. Never panics, whatever the bytes.
 pub fn parse_with<'a>(frame: &'a [u8], opts: &ParseOptions) -> Result<Parsed<'a>, Error> {
-    let (eth, rest) = EthernetRepr::parse(frame)?;
-    let (ip, ip_header, ip_payload) = match eth.ethertype {
-        EtherType::IPV4 => {
-            let (r, h, p) = Ipv4Repr::parse(rest, opts.verify_ip_checksum)?;
-            (IpRepr::V4(r), h, p)
-        }
-        EtherType::IPV6 => {
-            let (r, h, p) = Ipv6Repr::parse(rest)?;
-            (IpRepr::V6(r), h, p)
-        }
-        other => return Err(Error::UnsupportedEtherType(other)),
-    };
-    let trailer_len = rest.len() - ip_header.len() - ip_payload.len();
-    let (udp, stored_udp, datagram) = UdpRepr::parse(ip_payload)?;
-    if udp.dst_port != opts.port {
-        return Err(Error::NotRoce(udp.dst_port));
-    }
-    let udp_bytes = &ip_payload[..UdpRepr::LEN + datagram.len()];
-    if opts.verify_udp_checksum && stored_udp != 0 {
-        let sum = ones_complement_sum(ip.pseudo_header_sum(udp_bytes.len()), udp_bytes);
-        if sum != 0xffff {
-            let computed = udp_checksum(&ip, udp_bytes);
-            return Err(Error::UdpChecksum { stored: stored_udp, computed });
+    let view = FrameView::new_checked(frame, opts)?;
+    Ok(view.to_parsed())
+}
+
+impl<'a> FrameView<'a> {
+    /// Every header of the frame as a representation.
+    pub fn to_parsed(&self) -> Parsed<'a> {
+        let repr = FrameRepr {
+            eth: self.ethernet(),
+            ip: self.ip(),
+            udp: self.udp(),
+            bth: self.bth(),
+            ext: self.extensions(),
+            payload: self.payload(),
+        };
+        Parsed {
+            repr,
+            icrc: self.icrc(),
+            icrc_computed: self.icrc_computed(),
+            trailer_len: self.trailer_len(),
         }
     }
-    let (bth, after_bth) = BthRepr::parse(datagram)?;
-    let (ext, body) = Extensions::parse(bth.opcode.layout(), after_bth)?;
-    let Some(payload_end) = body.len().checked_sub(4) else {
-        return Err(truncated(Header::Icrc, 4, body.len()));
-    };
-    let (payload_and_pad, icrc_bytes) = body.split_at(payload_end);
-    let pad = usize::from(bth.pad_count);
-    let Some(payload_len) = payload_and_pad.len().checked_sub(pad) else {
-        return Err(Error::PadCount { pad: bth.pad_count, available: payload_and_pad.len() });
-    };
-    let icrc = u32::from_le_bytes([icrc_bytes[0], icrc_bytes[1], icrc_bytes[2], icrc_bytes[3]]);
-    let icrc_computed = match opts.icrc {
-        IcrcCheck::Skip => None,
-        IcrcCheck::Verify | IcrcCheck::Report => {
-            let transport = &datagram[..datagram.len() - 4];
-            let computed = icrc::compute(ip_header, &udp_bytes[..UdpRepr::LEN], transport);
-            if opts.icrc == IcrcCheck::Verify && computed != icrc {
-                return Err(Error::Icrc { stored: icrc, computed });
-            }
-            Some(computed)
-        }
-    };
-    let repr =
-        FrameRepr { eth, ip, udp, bth, ext, payload: &payload_and_pad[..payload_len] };
-    Ok(Parsed { repr, icrc, icrc_computed, trailer_len })
 }
 
 /// The UDP checksum a datagram should carry, computed with its checksum field taken as zero.
@@ -180,7 +153,10 @@ impl FrameRepr<'_> {
         }
         let total = self.buffer_len();
         let Some(frame) = buf.get_mut(..total) else {
-            return Err(Error::BufferTooSmall { needed: total, available: buf.len() });
+            return Err(Error::BufferTooSmall {
+                needed: total,
+                available: buf.len(),
+            });
         };
         let udp_len = UdpRepr::LEN + self.transport_len();
         let rest = self.eth.emit(frame)?;

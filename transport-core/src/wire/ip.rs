@@ -116,51 +116,24 @@ impl<'a> Ipv4Repr<'a> {
         buf: &'a [u8],
         verify_checksum: bool,
     ) -> Result<(Self, &'a [u8], &'a [u8]), Error> {
-        let (h, _) = split::<Ipv4Header>(buf, Header::Ipv4)?;
-        let version = h.ver_ihl >> 4;
-        if version != 4 {
-            return Err(Error::IpVersion { expected: 4, found: version });
-        }
-        let ihl = h.ver_ihl & 0x0f;
-        if ihl < 5 {
-            return Err(Error::Ipv4HeaderLength(ihl));
-        }
-        let header_len = usize::from(ihl) * 4;
-        if buf.len() < header_len {
-            return Err(truncated(Header::Ipv4Options, header_len - 20, buf.len() - 20));
-        }
-        let total = usize::from(h.total_len.get());
-        if total < header_len || total > buf.len() {
-            return Err(Error::IpLength { claimed: total, available: buf.len() });
-        }
-        let flags_frag = h.flags_frag.get();
-        if flags_frag & 0x3fff != 0 {
-            return Err(Error::Ipv4Fragment);
-        }
-        if h.protocol != PROTO_UDP {
-            return Err(Error::NotUdp(h.protocol));
-        }
+        let (header_len, total) = check_ipv4(buf, verify_checksum)?;
         let (header, rest) = buf.split_at(header_len);
-        if verify_checksum {
-            let sum = ones_complement_sum(0, header);
-            if sum != 0xffff {
-                let stored = h.checksum.get();
-                let before = ones_complement_sum(0, &header[..10]);
-                let computed = !(ones_complement_sum(before, &header[12..]) as u16);
-                return Err(Error::Ipv4Checksum { stored, computed });
-            }
-        }
-        let repr = Ipv4Repr {
-            dscp: h.tos >> 2,
-            ecn: Ecn::from_bits(h.tos),
-            ident: h.ident.get(),
-            dont_frag: flags_frag & 0x4000 != 0,
-            ttl: h.ttl,
-            src: Ipv4Addr::from(h.src),
-            dst: Ipv4Addr::from(h.dst),
+        Ok((Self::read(header), header, &rest[..total - header_len]))
+    }
+
+    /// Reads a header that [`check_ipv4`] accepted (`header` is exactly IHL * 4 bytes, at least 20).
+    pub(crate) fn read(header: &'a [u8]) -> Self {
+        let tos = header[1];
+        Ipv4Repr {
+            dscp: tos >> 2,
+            ecn: Ecn::from_bits(tos),
+            ident: u16::from_be_bytes([header[4], header[5]]),
+            dont_frag: header[6] & 0x40 != 0,
+            ttl: header[8],
+            src: Ipv4Addr::new(header[12], header[13], header[14], header[15]),
+            dst: Ipv4Addr::new(header[16], header[17], header[18], header[19]),
             options: &header[20..],
-        };
-        Ok((repr, header, &rest[..total - header_len]))
+        }
     }
 
     /// Bytes this header occupies on the wire.
@@ -175,10 +148,13 @@ impl<'a> Ipv4Repr<'a> {
             return Err(Error::FieldRange("IPv4 options length"));
         }
         let header_len = self.header_len();
-        let total =
-            u16::try_from(header_len + payload_len).map_err(|_| Error::FieldRange("IPv4 total length"))?;
+        let total = u16::try_from(header_len + payload_len)
+            .map_err(|_| Error::FieldRange("IPv4 total length"))?;
         if buf.len() < header_len {
-            return Err(Error::BufferTooSmall { needed: header_len, available: buf.len() });
+            return Err(Error::BufferTooSmall {
+                needed: header_len,
+                available: buf.len(),
+            });
         }
         let (header, rest) = buf.split_at_mut(header_len);
         let (h, opts) = split_mut::<Ipv4Header>(header, Header::Ipv4)?;
@@ -226,37 +202,33 @@ impl Ipv6Repr {
     /// Parses an IPv6 header, returning it, the raw header bytes and the payload cut at the
     /// payload length.
     pub fn parse(buf: &[u8]) -> Result<(Self, &[u8], &[u8]), Error> {
-        let (h, rest) = split::<Ipv6Header>(buf, Header::Ipv6)?;
-        let vtf = h.ver_tc_flow.get();
-        let version = (vtf >> 28) as u8;
-        if version != 6 {
-            return Err(Error::IpVersion { expected: 6, found: version });
-        }
-        let payload_len = usize::from(h.payload_len.get());
-        if payload_len > rest.len() {
-            return Err(Error::IpLength { claimed: payload_len + 40, available: buf.len() });
-        }
-        if h.next_header != PROTO_UDP {
-            return Err(Error::NotUdp(h.next_header));
-        }
+        let (_, total) = check_ipv6(buf)?;
+        Ok((Self::read(buf), &buf[..40], &buf[40..total]))
+    }
+
+    /// Reads a header that [`check_ipv6`] accepted (`buf` holds at least 40 bytes).
+    pub(crate) fn read(buf: &[u8]) -> Self {
+        let vtf = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
         let tc = (vtf >> 20) as u8;
-        let repr = Ipv6Repr {
+        let addr = |at: usize| Ipv6Addr::from(core::array::from_fn::<u8, 16, _>(|i| buf[at + i]));
+        Ipv6Repr {
             dscp: tc >> 2,
             ecn: Ecn::from_bits(tc),
             flow_label: vtf & 0x000f_ffff,
-            hop_limit: h.hop_limit,
-            src: Ipv6Addr::from(h.src),
-            dst: Ipv6Addr::from(h.dst),
-        };
-        Ok((repr, &buf[..40], &rest[..payload_len]))
+            hop_limit: buf[7],
+            src: addr(8),
+            dst: addr(24),
+        }
     }
 
     /// Writes the header for a payload of `payload_len` bytes, returning the bytes after it.
     pub fn emit<'b>(&self, buf: &'b mut [u8], payload_len: usize) -> Result<&'b mut [u8], Error> {
-        let len = u16::try_from(payload_len).map_err(|_| Error::FieldRange("IPv6 payload length"))?;
+        let len =
+            u16::try_from(payload_len).map_err(|_| Error::FieldRange("IPv6 payload length"))?;
         let (h, rest) = split_mut::<Ipv6Header>(buf, Header::Ipv6)?;
         let tc = u32::from((self.dscp << 2) | self.ecn.bits());
-        h.ver_tc_flow.set((6 << 28) | (tc << 20) | (self.flow_label & 0x000f_ffff));
+        h.ver_tc_flow
+            .set((6 << 28) | (tc << 20) | (self.flow_label & 0x000f_ffff));
         h.payload_len.set(len);
         h.next_header = PROTO_UDP;
         h.hop_limit = self.hop_limit;
@@ -264,6 +236,80 @@ impl Ipv6Repr {
         h.dst = self.dst.octets();
         Ok(rest)
     }
+}
+
+/// Validates an IPv4 header carrying UDP and returns its length and the IP total length.
+#[inline]
+pub(crate) fn check_ipv4(buf: &[u8], verify_checksum: bool) -> Result<(usize, usize), Error> {
+    let (h, _) = split::<Ipv4Header>(buf, Header::Ipv4)?;
+    let version = h.ver_ihl >> 4;
+    if version != 4 {
+        return Err(Error::IpVersion {
+            expected: 4,
+            found: version,
+        });
+    }
+    let ihl = h.ver_ihl & 0x0f;
+    if ihl < 5 {
+        return Err(Error::Ipv4HeaderLength(ihl));
+    }
+    let header_len = usize::from(ihl) * 4;
+    if buf.len() < header_len {
+        return Err(truncated(
+            Header::Ipv4Options,
+            header_len - 20,
+            buf.len() - 20,
+        ));
+    }
+    let total = usize::from(h.total_len.get());
+    if total < header_len || total > buf.len() {
+        return Err(Error::IpLength {
+            claimed: total,
+            available: buf.len(),
+        });
+    }
+    if h.flags_frag.get() & 0x3fff != 0 {
+        return Err(Error::Ipv4Fragment);
+    }
+    if h.protocol != PROTO_UDP {
+        return Err(Error::NotUdp(h.protocol));
+    }
+    if verify_checksum {
+        let header = &buf[..header_len];
+        if ones_complement_sum(0, header) != 0xffff {
+            let before = ones_complement_sum(0, &header[..10]);
+            let computed = !(ones_complement_sum(before, &header[12..]) as u16);
+            return Err(Error::Ipv4Checksum {
+                stored: h.checksum.get(),
+                computed,
+            });
+        }
+    }
+    Ok((header_len, total))
+}
+
+/// Validates an IPv6 header carrying UDP and returns its length and the IP packet's length.
+#[inline]
+pub(crate) fn check_ipv6(buf: &[u8]) -> Result<(usize, usize), Error> {
+    let (h, rest) = split::<Ipv6Header>(buf, Header::Ipv6)?;
+    let version = (h.ver_tc_flow.get() >> 28) as u8;
+    if version != 6 {
+        return Err(Error::IpVersion {
+            expected: 6,
+            found: version,
+        });
+    }
+    let payload_len = usize::from(h.payload_len.get());
+    if payload_len > rest.len() {
+        return Err(Error::IpLength {
+            claimed: payload_len + 40,
+            available: buf.len(),
+        });
+    }
+    if h.next_header != PROTO_UDP {
+        return Err(Error::NotUdp(h.next_header));
+    }
+    Ok((40, 40 + payload_len))
 }
 
 /// Either IP version.
@@ -345,7 +391,10 @@ mod tests {
         pkt[10] = 0x12;
         assert_eq!(
             Ipv4Repr::parse(&pkt, true).unwrap_err(),
-            Error::Ipv4Checksum { stored: 0x1261, computed: 0x9161 }
+            Error::Ipv4Checksum {
+                stored: 0x1261,
+                computed: 0x9161
+            }
         );
     }
 
@@ -376,15 +425,24 @@ mod tests {
         pkt[..20].copy_from_slice(&CNP_IP);
         assert_eq!(
             Ipv4Repr::parse(&pkt, false).unwrap_err(),
-            Error::IpLength { claimed: 60, available: 40 }
+            Error::IpLength {
+                claimed: 60,
+                available: 40
+            }
         );
         let mut pkt = [0u8; 60];
         pkt[..20].copy_from_slice(&CNP_IP);
         pkt[6] = 0x20; // MF
-        assert_eq!(Ipv4Repr::parse(&pkt, false).unwrap_err(), Error::Ipv4Fragment);
+        assert_eq!(
+            Ipv4Repr::parse(&pkt, false).unwrap_err(),
+            Error::Ipv4Fragment
+        );
         pkt[6] = 0x40;
         pkt[0] = 0x44;
-        assert_eq!(Ipv4Repr::parse(&pkt, false).unwrap_err(), Error::Ipv4HeaderLength(4));
+        assert_eq!(
+            Ipv4Repr::parse(&pkt, false).unwrap_err(),
+            Error::Ipv4HeaderLength(4)
+        );
     }
 
     #[test]

@@ -18,18 +18,19 @@ pub mod frame;
 mod ip;
 pub mod metaroce;
 mod udp;
+mod view;
 
 pub use bth::{BthRepr, Opcode, Psn, Qpn, Transport};
 pub use error::{Error, Header};
 pub use ethernet::{EtherType, EthernetRepr, MacAddr, VlanTag};
 pub use ext::{
     AckSyndrome, AethRepr, AtomicAckEthRepr, AtomicEthRepr, DethRepr, ExtensionFields, Extensions,
-    Layout,
-    NakCode, RethRepr,
+    Layout, NakCode, RethRepr,
 };
 pub use frame::{parse, parse_with, FrameRepr, IcrcCheck, ParseOptions, Parsed};
 pub use ip::{Ecn, IpRepr, Ipv4Repr, Ipv6Repr};
 pub use udp::{UdpRepr, ROCEV2_PORT};
+pub use view::FrameView;
 
 use error::truncated;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
@@ -53,17 +54,28 @@ where
     H::mut_from_prefix(buf).map_err(|_| truncated(header, core::mem::size_of::<H>(), available))
 }
 
-/// The Internet checksum (RFC 1071) folded to 16 bits, before the final complement.
+/// The Internet checksum (RFC 1071) of `bytes` added to `acc`, folded to 16 bits, before the
+/// final complement. Sums 32-bit big-endian words into a 64-bit accumulator (RFC 1071 section 2's
+/// "deferred carries"), which is exact because end-around carry makes the sum width-independent.
 #[inline]
-pub(crate) fn ones_complement_sum(mut acc: u32, bytes: &[u8]) -> u32 {
-    let mut chunks = bytes.chunks_exact(2);
-    for c in &mut chunks {
-        acc += u32::from(u16::from_be_bytes([c[0], c[1]]));
+pub(crate) fn ones_complement_sum(acc: u32, bytes: &[u8]) -> u32 {
+    let mut wide = u64::from(acc);
+    let mut words = bytes.chunks_exact(4);
+    for w in &mut words {
+        wide += u64::from(u32::from_be_bytes([w[0], w[1], w[2], w[3]]));
     }
-    if let [last] = chunks.remainder() {
-        acc += u32::from(*last) << 8;
+    let mut tail = words.remainder();
+    if tail.len() >= 2 {
+        wide += u64::from(u16::from_be_bytes([tail[0], tail[1]]));
+        tail = &tail[2..];
     }
-    fold(acc)
+    if let [last] = tail {
+        wide += u64::from(*last) << 8;
+    }
+    // Fold 64 -> 32 -> 16 bits with end-around carry.
+    let mut x = (wide & 0xffff_ffff) + (wide >> 32);
+    x = (x & 0xffff_ffff) + (x >> 32);
+    fold(x as u32)
 }
 
 /// Folds a 32-bit one's-complement accumulator to 16 bits.
@@ -73,4 +85,32 @@ pub(crate) fn fold(mut acc: u32) -> u32 {
         acc = (acc & 0xffff) + (acc >> 16);
     }
     acc
+}
+
+#[cfg(test)]
+mod checksum_tests {
+    use super::*;
+
+    /// The textbook 16-bit loop, as the reference.
+    fn reference(mut acc: u32, bytes: &[u8]) -> u32 {
+        for c in bytes.chunks(2) {
+            acc += u32::from(c[0]) << 8 | u32::from(*c.get(1).unwrap_or(&0));
+            acc = (acc & 0xffff) + (acc >> 16);
+        }
+        fold(acc)
+    }
+
+    #[test]
+    fn wide_sum_matches_the_16_bit_loop() {
+        let data: std::vec::Vec<u8> = (0..300u32).map(|i| (i * 97 + 13) as u8).collect();
+        for len in 0..data.len() {
+            for acc in [0, 1, 0xffff, 0x1_2345] {
+                assert_eq!(
+                    ones_complement_sum(acc, &data[..len]),
+                    reference(acc, &data[..len])
+                );
+            }
+        }
+        assert_eq!(ones_complement_sum(0, &[0xff; 64]), 0xffff);
+    }
 }

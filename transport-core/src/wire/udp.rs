@@ -49,7 +49,10 @@ impl UdpRepr {
         let claimed = h.length.get();
         let len = usize::from(claimed);
         if len < Self::LEN || len > ip_payload.len() {
-            return Err(Error::UdpLength { claimed, available: ip_payload.len() });
+            return Err(Error::UdpLength {
+                claimed,
+                available: ip_payload.len(),
+            });
         }
         let stored = h.checksum.get();
         let repr = UdpRepr {
@@ -63,8 +66,8 @@ impl UdpRepr {
     /// Writes the header for `payload_len` bytes with a zero checksum (the frame emitter fills
     /// it in afterwards when [`UdpRepr::checksum`] asks for one).
     pub fn emit<'b>(&self, buf: &'b mut [u8], payload_len: usize) -> Result<&'b mut [u8], Error> {
-        let len = u16::try_from(payload_len + Self::LEN)
-            .map_err(|_| Error::FieldRange("UDP length"))?;
+        let len =
+            u16::try_from(payload_len + Self::LEN).map_err(|_| Error::FieldRange("UDP length"))?;
         let (h, rest) = split_mut::<UdpHeader>(buf, Header::Udp)?;
         h.src_port.set(self.src_port);
         h.dst_port.set(self.dst_port);

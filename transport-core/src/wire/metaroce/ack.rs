@@ -58,7 +58,9 @@ impl MrAckRepr {
 
     /// Whether path sequence `cum_seq + 1 + i` is acknowledged selectively (false beyond 255).
     pub fn sacked(&self, i: usize) -> bool {
-        self.sack.get(i / 8).is_some_and(|b| b & (1 << (i % 8)) != 0)
+        self.sack
+            .get(i / 8)
+            .is_some_and(|b| b & (1 << (i % 8)) != 0)
     }
 
     /// Parses the header, returning it and the bytes after it.
@@ -112,7 +114,10 @@ mod tests {
         assert!(rest.is_empty());
         assert!(r.ece);
         assert_eq!((r.path_id, r.ce_count, r.cum_seq), (3, 5, 100));
-        assert_eq!((r.ts_echo, r.ack_delay, r.rate_hint), (0xaabbccdd, 1000, 25000));
+        assert_eq!(
+            (r.ts_echo, r.ack_delay, r.rate_hint),
+            (0xaabbccdd, 1000, 25000)
+        );
         assert!(r.sacked(0) && !r.sacked(1) && r.sacked(2) && r.sacked(255));
         assert!(!r.sacked(256));
         let mut out = [0u8; 52];

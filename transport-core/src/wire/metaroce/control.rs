@@ -214,7 +214,15 @@ mod tests {
     fn golden_probe() {
         let bytes = [0x10, 0x05, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 3];
         let (r, _) = MrProbeRepr::parse(&bytes).unwrap();
-        assert_eq!(r, MrProbeRepr { path_id: 5, probe_seq: 1, timestamp: 2, ts_echo: 3 });
+        assert_eq!(
+            r,
+            MrProbeRepr {
+                path_id: 5,
+                probe_seq: 1,
+                timestamp: 2,
+                ts_echo: 3
+            }
+        );
         let mut out = [0u8; 16];
         r.emit(&mut out).unwrap();
         assert_eq!(out, bytes);

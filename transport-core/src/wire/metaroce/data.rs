@@ -111,7 +111,13 @@ impl MrRemoteRepr {
     #[inline]
     pub fn parse(buf: &[u8]) -> Result<(Self, &[u8]), Error> {
         let (h, rest) = split::<RemoteHeader>(buf, Header::MrRemote)?;
-        Ok((MrRemoteRepr { va: h.va.get(), rkey: h.rkey.get() }, rest))
+        Ok((
+            MrRemoteRepr {
+                va: h.va.get(),
+                rkey: h.rkey.get(),
+            },
+            rest,
+        ))
     }
 
     /// Writes the header, returning the bytes after it.
@@ -160,7 +166,10 @@ mod tests {
         bytes[0] = 0x20;
         assert_eq!(
             MrDataRepr::parse(&bytes).unwrap_err(),
-            Error::MetaRoceVersion { header: Header::MrData, found: 2 }
+            Error::MetaRoceVersion {
+                header: Header::MrData,
+                found: 2
+            }
         );
     }
 }
