@@ -2,14 +2,21 @@
 //! stable test that replays the corpora (`tests/replay.rs`). Each body panics only when a property
 //! fails: parsing must never panic, and whatever parses must emit and parse back to itself.
 
-use transport_core::wire::metaroce::{MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr};
+use transport_core::wire::metaroce::{
+    MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr,
+};
 use transport_core::wire::{parse_with, IcrcCheck, ParseOptions};
 
 /// A whole frame: parse with every check, and with the ICRC only reported; re-emit what parses.
 pub fn frame(data: &[u8]) {
     let _ = transport_core::wire::parse(data);
-    let opts = ParseOptions { icrc: IcrcCheck::Report, ..ParseOptions::default() };
-    let Ok(parsed) = parse_with(data, &opts) else { return };
+    let opts = ParseOptions {
+        icrc: IcrcCheck::Report,
+        ..ParseOptions::default()
+    };
+    let Ok(parsed) = parse_with(data, &opts) else {
+        return;
+    };
     let repr = parsed.repr;
     let mut buf = vec![0u8; repr.buffer_len()];
     let n = repr.emit(&mut buf).expect("a parsed frame emits");
@@ -65,8 +72,11 @@ pub fn mr_data(data: &[u8]) {
     }
 }
 
+/// A fuzz target's body.
+pub type Target = fn(&[u8]);
+
 /// Every target by name, for the replay test.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("frame", frame),
     ("mr_data", mr_data),
     ("mr_ack", mr_ack),

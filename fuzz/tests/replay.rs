@@ -11,7 +11,11 @@ fn corpora_replay_without_failure() {
             .unwrap_or_else(|e| panic!("corpus {} missing: {e}", dir.display()))
             .map(|e| e.expect("corpus entry").path())
             .collect();
-        assert!(entries.len() >= 8, "corpus {name} has only {} inputs", entries.len());
+        assert!(
+            entries.len() >= 8,
+            "corpus {name} has only {} inputs",
+            entries.len()
+        );
         for path in entries {
             let data = std::fs::read(&path).expect("read corpus input");
             target(&data);

@@ -1,0 +1,164 @@
+//! The `metaroce` binary as users run it: `gen` piped into `decode`, pcap files both ways, bad
+//! input reported per frame while decoding goes on.
+
+use serde_json::Value;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+fn metaroce(args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_metaroce"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run metaroce");
+    let mut pipe = child.stdin.take().expect("stdin");
+    let input = stdin.unwrap_or_default().to_vec();
+    // Feed standard input from another thread so that a full stdout pipe cannot deadlock us.
+    let feeder = std::thread::spawn(move || pipe.write_all(&input));
+    let out = child.wait_with_output().expect("metaroce finishes");
+    feeder.join().expect("feeder thread").expect("write stdin");
+    out
+}
+
+fn json_lines(out: &Output) -> Vec<Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l}: {e}")))
+        .collect()
+}
+
+fn vectors() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/rocev2-connectx.pcap")
+}
+
+#[test]
+fn gen_piped_into_decode() {
+    for kind in ["rocev2", "metaroce", "mixed"] {
+        let gen = metaroce(
+            &["gen", "--count", "300", "--seed", "9", "--kind", kind],
+            None,
+        );
+        assert!(gen.status.success());
+        assert_eq!(gen.stdout.iter().filter(|&&b| b == b'\n').count(), 300);
+        let dec = metaroce(&["decode", "--json"], Some(&gen.stdout));
+        assert!(
+            dec.status.success(),
+            "{}",
+            String::from_utf8_lossy(&dec.stderr)
+        );
+        let frames = json_lines(&dec);
+        assert_eq!(frames.len(), 300);
+        for f in &frames {
+            assert_eq!(f["icrc"]["ok"], Value::Bool(true), "{f}");
+            let op = f["bth"]["opcode"].as_u64().unwrap();
+            match kind {
+                "rocev2" => assert!(op < 0xc0, "{f}"),
+                "metaroce" => assert!(op >= 0xc0, "{f}"),
+                _ => {}
+            }
+        }
+        let text = metaroce(&["decode"], Some(&gen.stdout));
+        assert!(text.status.success());
+        let text = String::from_utf8_lossy(&text.stdout);
+        assert_eq!(text.matches("frame ").count(), 300);
+        assert!(text.contains("BTH") && text.contains("ok=true"));
+    }
+}
+
+#[test]
+fn same_seed_same_frames() {
+    let a = metaroce(&["gen", "-n", "50", "-s", "42"], None);
+    let b = metaroce(&["gen", "-n", "50", "-s", "42"], None);
+    let c = metaroce(&["gen", "-n", "50", "-s", "43"], None);
+    assert_eq!(a.stdout, b.stdout);
+    assert_ne!(a.stdout, c.stdout);
+}
+
+#[test]
+fn pcap_out_and_in() {
+    let dir = std::env::temp_dir().join(format!("metaroce-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pcap = dir.join("gen.pcap");
+    let out = metaroce(
+        &[
+            "gen",
+            "-n",
+            "40",
+            "-s",
+            "5",
+            "--pcap",
+            pcap.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(out.status.success());
+    let from_pcap = json_lines(&metaroce(
+        &["decode", "--json", "-r", pcap.to_str().unwrap()],
+        None,
+    ));
+    let hex = metaroce(&["gen", "-n", "40", "-s", "5"], None);
+    let from_hex = json_lines(&metaroce(&["decode", "--json"], Some(&hex.stdout)));
+    assert_eq!(from_pcap, from_hex);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn real_connectx_capture_decodes() {
+    let out = metaroce(
+        &["decode", "--json", "--pcap", vectors().to_str().unwrap()],
+        None,
+    );
+    assert!(out.status.success());
+    let frames = json_lines(&out);
+    assert_eq!(frames.len(), 8);
+    assert!(frames.iter().all(|f| f["icrc"]["ok"] == Value::Bool(true)));
+    assert_eq!(frames[0]["bth"]["opcode"], 0x81);
+    assert_eq!(frames[0]["bth"]["dest_qp"], 0x118);
+    assert_eq!(frames[4]["aeth"]["msn"], 2);
+    assert_eq!(frames[1]["deth"]["qkey"], 0x8001_0000u64);
+}
+
+#[test]
+fn bad_frames_are_reported_and_decoding_goes_on() {
+    let good = "e41d2dab2bc27cfe90643b32080045c2003c718c4000401191610a0011010a001201000012b7002800008100ffff40000118000000000000000000000000000000000000000082fd002a";
+    let mut bad_icrc = good.to_string();
+    bad_icrc.replace_range(bad_icrc.len() - 2.., "2b");
+    let truncated = &good[..60];
+    let input = format!("# a comment\n{good}\n\nzz\n{truncated}\n{bad_icrc}\n{good}\n");
+    let out = metaroce(&["decode", "--json"], Some(input.as_bytes()));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "an unparseable frame makes the exit status 1"
+    );
+    let frames = json_lines(&out);
+    assert_eq!(frames.len(), 5);
+    assert_eq!(frames[0]["icrc"]["ok"], Value::Bool(true));
+    assert!(frames[1]["error"].as_str().unwrap().contains("invalid hex"));
+    assert!(
+        frames[2]["error"].as_str().unwrap().contains("truncated"),
+        "{}",
+        frames[2]
+    );
+    assert_eq!(frames[3]["icrc"]["ok"], Value::Bool(false));
+    assert_eq!(frames[4]["icrc"]["ok"], Value::Bool(true));
+    assert_eq!(frames[4]["frame"], 5);
+}
+
+#[test]
+fn not_a_capture_is_a_clear_error() {
+    let dir = std::env::temp_dir().join(format!("metaroce-cli-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("junk.pcap");
+    std::fs::write(&path, b"this is not a capture").unwrap();
+    let out = metaroce(&["decode", "-r", path.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a pcap or pcapng file"));
+    let missing = metaroce(&["decode", "-r", "/nonexistent/x.pcap"], None);
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/x.pcap"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
