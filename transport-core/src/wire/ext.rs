@@ -71,6 +71,7 @@ pub enum Layout {
 
 impl Layout {
     /// Bytes the headers of this layout occupy.
+    #[inline(always)]
     pub const fn len(self) -> usize {
         match self {
             Layout::None => 0,
