@@ -19,5 +19,6 @@
 #[cfg(test)]
 extern crate std;
 
+pub mod conn;
 pub mod icrc;
 pub mod wire;

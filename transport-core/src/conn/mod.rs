@@ -1,0 +1,1447 @@
+//! The connection: the sans-IO state machine that turns work requests into packets and packets
+//! into placed data and completions.
+//!
+//! - Many paths (const `P`), each with its UDP source port (entropy), its own 32-bit sequence
+//!   space, send window and 256-bit receive bitmap. New packets are sprayed round-robin over the
+//!   active paths with room in their window.
+//! - Loss: every path delivers in order, so a gap below a selectively acknowledged sequence is
+//!   loss; exactly the missing packet is queued again at once and goes out on another healthy path.
+//!   A per-path retransmission timeout with two levels (as IRN: short with few packets in flight,
+//!   long otherwise) covers tail loss; repeated timeouts stop data on the path and start probes;
+//!   unanswered probes declare it failed, give it a new source port and keep probing it until it
+//!   answers, and only then does it carry data again.
+//! - Delivery: the BTH PSN numbers data packets connection-wide. The receiver drops duplicates by
+//!   PSN, places each packet at its final address as it arrives (after the region check for
+//!   Writes and Reads), and reports its cumulative PSN in every ACK; the sender completes a message
+//!   only when that cumulative PSN has passed it.
+//! - Streams (const `S`): completions are delivered in order within a stream, never held up by
+//!   another stream. A Send matches the receive buffer posted for its message sequence number.
+//! - The congestion window is a plain per-path packet count from [`Config`] for now.
+//!
+//! Capacities: `W` packets in flight per connection (and the receive PSN window), `Q` messages in
+//! flight and receive buffers per stream, `R` memory regions. Every operation is bounded by them.
+
+mod region;
+mod sack;
+mod seq;
+mod types;
+
+pub use region::{Access, Region, RegionError, RegionTable};
+pub use sack::{Arrival, SackBitmap};
+pub use seq::{psn_before, psn_diff, PathSeq};
+pub use types::*;
+
+use crate::icrc;
+use crate::wire::metaroce::{
+    MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr, NackReason, SACK_BITS,
+};
+use crate::wire::{BthRepr, Extensions, Opcode, Psn, Qpn};
+use core::net::IpAddr;
+
+/// Slots of a path's in-flight ring: one per bit of the SACK bitvector.
+const PATH_RING: usize = SACK_BITS;
+/// An empty slot in a path ring.
+const NO_PSN: u32 = u32::MAX;
+/// Pending NACKs at most.
+const NACK_QUEUE: usize = 16;
+
+/// How a connection behaves. Times are nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Config {
+    /// This end's connection number (the peer's destination QP).
+    pub local_qpn: Qpn,
+    /// The peer's connection number.
+    pub remote_qpn: Qpn,
+    /// The partition key both ends use.
+    pub pkey: u16,
+    /// This end's IP address (it enters the ICRC).
+    #[cfg_attr(feature = "defmt", defmt(Debug2Format))]
+    pub local_ip: IpAddr,
+    /// The peer's IP address.
+    #[cfg_attr(feature = "defmt", defmt(Debug2Format))]
+    pub remote_ip: IpAddr,
+    /// UDP destination port (4791).
+    pub dst_port: u16,
+    /// Paths in use (at most the capacity `P`, at most 256).
+    pub paths: u8,
+    /// Seed of the source ports (entropy) the paths use.
+    pub entropy_seed: u32,
+    /// Payload bytes per packet.
+    pub mtu: u32,
+    /// The first PSN this end sends.
+    pub initial_psn: Psn,
+    /// The first PSN the peer sends.
+    pub peer_initial_psn: Psn,
+    /// Packets in flight per path (at most 255): the congestion window, fixed for now.
+    pub window_per_path: u32,
+    /// Retransmission timeout with few packets in flight.
+    pub rto_low: u64,
+    /// Retransmission timeout otherwise.
+    pub rto_high: u64,
+    /// "Few packets": at most this many in flight on the path.
+    pub rto_low_inflight: u32,
+    /// Consecutive timeouts on a path before it stops carrying data and is probed.
+    pub timeouts_to_probe: u8,
+    /// Time between probes.
+    pub probe_interval: u64,
+    /// Unanswered probes before the path is declared failed and given new entropy.
+    pub probes_to_fail: u8,
+    /// ACK after this many packets on a path at most.
+    pub ack_every: u16,
+    /// ACK at most this long after an unacknowledged arrival.
+    pub ack_delay: u64,
+    /// Wait before sending again a packet the peer refused for want of a receive buffer.
+    pub rnr_delay: u64,
+}
+
+impl Config {
+    /// A configuration with the defaults below for everything but the addresses.
+    pub fn new(local_ip: IpAddr, remote_ip: IpAddr, local_qpn: Qpn, remote_qpn: Qpn) -> Self {
+        Config {
+            local_qpn,
+            remote_qpn,
+            pkey: 0xffff,
+            local_ip,
+            remote_ip,
+            dst_port: crate::wire::ROCEV2_PORT,
+            paths: 16,
+            entropy_seed: 1,
+            mtu: 4096,
+            initial_psn: Psn::new(0),
+            peer_initial_psn: Psn::new(0),
+            window_per_path: 16,
+            rto_low: 100_000,
+            rto_high: 320_000,
+            rto_low_inflight: 3,
+            timeouts_to_probe: 2,
+            probe_interval: 50_000,
+            probes_to_fail: 3,
+            ack_every: 4,
+            ack_delay: 5_000,
+            rnr_delay: 50_000,
+        }
+    }
+}
+
+/// The UDP source port of a path: a hash of the seed, the path and how many times it failed,
+/// in the range 0xC000-0xFFFF that RoCEv2 uses for entropy.
+pub fn entropy_port(seed: u32, path: u8, generation: u16) -> u16 {
+    let mut x = seed ^ (u32::from(path) << 16) ^ u32::from(generation).wrapping_mul(0x9e37_79b9);
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7feb_352d);
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x846c_a68b);
+    x ^= x >> 16;
+    0xc000 | (x as u16 & 0x3fff)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MsgKind {
+    Send,
+    Write,
+    Read,
+    ReadResponse,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct TxMsg {
+    wr_id: u64,
+    kind: MsgKind,
+    imm: Option<u32>,
+    stream: u16,
+    msn: u32,
+    local_addr: u64,
+    len: u32,
+    remote: RemoteAddr,
+    npkts: u32,
+    next_pkt: u32,
+    last_psn: Option<Psn>,
+    resp_bytes: u32,
+    done: bool,
+    status: Status,
+    reported: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct TxPkt {
+    msg: u32,
+    idx: u32,
+    path: u8,
+    seq: PathSeq,
+    sent_at: Instant,
+    acked: bool,
+    queued: bool,
+    not_before: Instant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PathState {
+    Active,
+    Probing,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct TxPath {
+    state: PathState,
+    generation: u16,
+    failed: bool,
+    next_seq: PathSeq,
+    una: PathSeq,
+    ring_psn: [u32; PATH_RING],
+    ring_sent: [Instant; PATH_RING],
+    srtt: u64,
+    rttvar: u64,
+    timeouts_in_row: u8,
+    probe_seq: u32,
+    probe_due: Instant,
+    probes_unanswered: u8,
+    stats: PathStats,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct RxPath {
+    sack: SackBitmap,
+    unacked: u16,
+    ack_now: bool,
+    ack_due: Option<Instant>,
+    ce: u16,
+    ece: bool,
+    ts: u32,
+    ts_at: Instant,
+    probe_reply: Option<(u32, u32)>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct RecvSlot {
+    id: u64,
+    addr: u64,
+    cap: u32,
+    got: u32,
+    msg_len: u32,
+    started: bool,
+    imm: Option<u32>,
+    write_imm: bool,
+    done: bool,
+    status: Option<NackReason>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct RxStream<const Q: usize> {
+    slots: [RecvSlot; Q],
+    /// Receive buffers posted (counter; slot = counter % Q).
+    posted: u32,
+    /// Receive buffers completed (the MSN of the oldest outstanding one).
+    completed: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct TxStream {
+    next_msn: u32,
+    next_read: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PendingNack {
+    path: u8,
+    psn: Psn,
+    nack: MrNackRepr,
+}
+
+/// A connection with capacities: `P` paths, `W` packets in flight, `S` streams, `Q` messages and
+/// receive buffers per stream, `R` memory regions.
+#[derive(Debug, Clone)]
+pub struct Connection<
+    const P: usize,
+    const W: usize,
+    const S: usize,
+    const Q: usize,
+    const R: usize,
+> {
+    cfg: Config,
+    regions: RegionTable<R>,
+    counters: Counters,
+    // Sender.
+    msgs: [Option<TxMsg>; Q],
+    msg_head: u32,
+    msg_tail: u32,
+    pkts: [TxPkt; W],
+    una: Psn,
+    nxt: Psn,
+    peer_cum: Psn,
+    retx: [Psn; W],
+    retx_head: u32,
+    retx_tail: u32,
+    paths: [TxPath; P],
+    rr: usize,
+    tx_streams: [TxStream; S],
+    // Receiver.
+    rx_paths: [RxPath; P],
+    rx_cum: Psn,
+    rx_seen: [bool; W],
+    rx_streams: [RxStream<Q>; S],
+    nacks: [Option<PendingNack>; NACK_QUEUE],
+    events: [Option<Event>; Q],
+    ev_head: u32,
+    ev_tail: u32,
+    events_lost: u64,
+}
+
+impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: usize>
+    Connection<P, W, S, Q, R>
+{
+    /// A connection in the connected state.
+    pub fn new(mut cfg: Config) -> Self {
+        cfg.paths = cfg.paths.clamp(1, P.min(256) as u8);
+        cfg.window_per_path = cfg.window_per_path.clamp(1, PATH_RING as u32 - 1);
+        cfg.mtu = cfg.mtu.max(1);
+        let path = |i: usize| TxPath {
+            state: PathState::Active,
+            generation: 0,
+            failed: false,
+            next_seq: PathSeq(0),
+            una: PathSeq(0),
+            ring_psn: [NO_PSN; PATH_RING],
+            ring_sent: [0; PATH_RING],
+            srtt: 0,
+            rttvar: 0,
+            timeouts_in_row: 0,
+            probe_seq: 0,
+            probe_due: 0,
+            probes_unanswered: 0,
+            stats: PathStats {
+                src_port: entropy_port(cfg.entropy_seed, i as u8, 0),
+                active: i < usize::from(cfg.paths),
+                ..PathStats::default()
+            },
+        };
+        let rx_path = RxPath {
+            sack: SackBitmap::new(PathSeq(0)),
+            unacked: 0,
+            ack_now: false,
+            ack_due: None,
+            ce: 0,
+            ece: false,
+            ts: 0,
+            ts_at: 0,
+            probe_reply: None,
+        };
+        Connection {
+            regions: RegionTable::default(),
+            counters: Counters::default(),
+            msgs: [None; Q],
+            msg_head: 0,
+            msg_tail: 0,
+            pkts: [TxPkt::default(); W],
+            una: cfg.initial_psn,
+            nxt: cfg.initial_psn,
+            peer_cum: cfg.initial_psn,
+            retx: [Psn::new(0); W],
+            retx_head: 0,
+            retx_tail: 0,
+            paths: core::array::from_fn(path),
+            rr: 0,
+            tx_streams: [TxStream { next_msn: 0, next_read: 0 }; S],
+            rx_paths: [rx_path; P],
+            rx_cum: cfg.peer_initial_psn,
+            rx_seen: [false; W],
+            rx_streams: [RxStream { slots: [RecvSlot::default(); Q], posted: 0, completed: 0 }; S],
+            nacks: [None; NACK_QUEUE],
+            events: [None; Q],
+            ev_head: 0,
+            ev_tail: 0,
+            events_lost: 0,
+            cfg,
+        }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Connection-wide counters.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// A path's counters and state.
+    pub fn path_stats(&self, path: usize) -> Option<PathStats> {
+        let p = self.paths.get(path)?;
+        let mut s = p.stats;
+        s.active = path < usize::from(self.cfg.paths) && p.state == PathState::Active;
+        s.in_flight = p.next_seq.diff(p.una) as u32;
+        s.rtt_smoothed = p.srtt;
+        Some(s)
+    }
+
+    /// Events that could not be queued because the event queue was full.
+    pub fn events_lost(&self) -> u64 {
+        self.events_lost
+    }
+
+    /// Registers a memory region peers may access.
+    pub fn register(&mut self, region: Region) -> Result<(), RegionError> {
+        self.regions.register(region)
+    }
+
+    /// Removes a region.
+    pub fn deregister(&mut self, key: u32) -> bool {
+        self.regions.deregister(key)
+    }
+
+    /// Posts a work request.
+    pub fn post(&mut self, _now: Instant, wr: WorkRequest) -> Result<(), PostError> {
+        let stream = usize::from(wr.stream);
+        if stream >= S {
+            return Err(PostError::NoSuchStream);
+        }
+        if self.msg_tail.wrapping_sub(self.msg_head) as usize >= Q {
+            return Err(PostError::QueueFull);
+        }
+        if wr.len > 1 << 31 || (wr.len == 0 && matches!(wr.op, WrOp::Read)) {
+            return Err(PostError::BadLength);
+        }
+        let ts = &mut self.tx_streams[stream];
+        let (kind, imm, msn) = match wr.op {
+            WrOp::Send => (MsgKind::Send, None, post_inc(&mut ts.next_msn)),
+            WrOp::SendWithImm(i) => (MsgKind::Send, Some(i), post_inc(&mut ts.next_msn)),
+            WrOp::Write => (MsgKind::Write, None, ts.next_msn),
+            WrOp::WriteWithImm(i) => (MsgKind::Write, Some(i), post_inc(&mut ts.next_msn)),
+            WrOp::Read => (MsgKind::Read, None, post_inc(&mut ts.next_read)),
+        };
+        let npkts = if kind == MsgKind::Read { 1 } else { wr.len.div_ceil(self.cfg.mtu).max(1) };
+        self.push_msg(TxMsg {
+            wr_id: wr.id,
+            kind,
+            imm,
+            stream: wr.stream,
+            msn,
+            local_addr: wr.local_addr,
+            len: wr.len,
+            remote: wr.remote,
+            npkts,
+            next_pkt: 0,
+            last_psn: None,
+            resp_bytes: 0,
+            done: false,
+            status: Status::Success,
+            reported: false,
+        });
+        Ok(())
+    }
+
+    fn push_msg(&mut self, m: TxMsg) {
+        self.msgs[self.msg_tail as usize % Q] = Some(m);
+        self.msg_tail = self.msg_tail.wrapping_add(1);
+    }
+
+    /// Posts a receive buffer for the stream's next message.
+    pub fn post_recv(&mut self, rr: RecvRequest) -> Result<(), PostError> {
+        let s = self.rx_streams.get_mut(usize::from(rr.stream)).ok_or(PostError::NoSuchStream)?;
+        if s.posted.wrapping_sub(s.completed) as usize >= Q {
+            return Err(PostError::QueueFull);
+        }
+        s.slots[s.posted as usize % Q] =
+            RecvSlot { id: rr.id, addr: rr.addr, cap: rr.len, ..RecvSlot::default() };
+        s.posted = s.posted.wrapping_add(1);
+        Ok(())
+    }
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        if self.ev_head == self.ev_tail {
+            return None;
+        }
+        let e = self.events[self.ev_head as usize % Q].take();
+        self.ev_head = self.ev_head.wrapping_add(1);
+        e
+    }
+
+    fn push_event(&mut self, e: Event) {
+        if self.ev_tail.wrapping_sub(self.ev_head) as usize >= Q {
+            self.events_lost += 1;
+            return;
+        }
+        self.events[self.ev_tail as usize % Q] = Some(e);
+        self.ev_tail = self.ev_tail.wrapping_add(1);
+    }
+
+    /// Whether everything posted has completed and nothing is waiting to be sent.
+    pub fn is_idle(&self) -> bool {
+        self.msg_head == self.msg_tail && self.una == self.nxt
+    }
+
+    // ----- timers -----------------------------------------------------------------------
+
+    fn rto(&self, p: &TxPath) -> u64 {
+        let inflight = p.next_seq.diff(p.una) as u32;
+        let base =
+            if inflight <= self.cfg.rto_low_inflight { self.cfg.rto_low } else { self.cfg.rto_high };
+        base.max(p.srtt + 4 * p.rttvar)
+    }
+
+    /// When [`Connection::handle_timeout`] should next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut t: Option<Instant> = None;
+        let mut at = |x: Instant| t = Some(t.map_or(x, |y| y.min(x)));
+        for (i, p) in self.paths.iter().enumerate().take(usize::from(self.cfg.paths)) {
+            if p.una != p.next_seq {
+                let slot = p.una.0 as usize % PATH_RING;
+                at(p.ring_sent[slot] + self.rto(p));
+            }
+            if p.state == PathState::Probing {
+                at(p.probe_due);
+            }
+            if let Some(d) = self.rx_paths[i].ack_due {
+                at(d);
+            }
+        }
+        if self.una != self.nxt {
+            let oldest = &self.pkts[self.una.get() as usize % W];
+            if oldest.acked {
+                at(oldest.sent_at + self.cfg.rto_high);
+            }
+        }
+        let (mut r, end) = (self.retx_head, self.retx_tail);
+        while r != end {
+            let psn = self.retx[r as usize % W];
+            at(self.pkts[psn.get() as usize % W].not_before);
+            r = r.wrapping_add(1);
+        }
+        t
+    }
+
+    /// Fires the timers due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        for i in 0..usize::from(self.cfg.paths) {
+            let p = &self.paths[i];
+            if p.una != p.next_seq {
+                let slot = p.una.0 as usize % PATH_RING;
+                if now >= p.ring_sent[slot] + self.rto(p) {
+                    self.path_timeout(i, now);
+                }
+            }
+            if let Some(d) = self.rx_paths[i].ack_due {
+                if now >= d {
+                    self.rx_paths[i].ack_now = true;
+                }
+            }
+        }
+        // A packet the path layer saw arrive but the peer never accepted (a refusal whose NACK
+        // was lost): send it again once the long timeout has passed.
+        if self.una != self.nxt {
+            let idx = self.una.get() as usize % W;
+            let pk = self.pkts[idx];
+            if pk.acked && now >= pk.sent_at + self.cfg.rto_high {
+                self.pkts[idx].acked = false;
+                self.pkts[idx].sent_at = now;
+                self.queue_retx(self.una, now);
+            }
+        }
+    }
+
+    fn path_timeout(&mut self, i: usize, now: Instant) {
+        let mut lost = 0;
+        let (una, next) = (self.paths[i].una, self.paths[i].next_seq);
+        let mut s = una;
+        while s != next {
+            lost += u64::from(self.drop_transmission(i, s, now));
+            s = s.add(1);
+        }
+        let p = &mut self.paths[i];
+        p.una = next;
+        p.stats.timeouts += 1;
+        p.stats.lost += lost;
+        p.timeouts_in_row = p.timeouts_in_row.saturating_add(1);
+        self.counters.lost_by_timeout += lost;
+        if p.state == PathState::Active && p.timeouts_in_row >= self.cfg.timeouts_to_probe {
+            p.state = PathState::Probing;
+            p.probes_unanswered = 0;
+            p.probe_due = now;
+        }
+    }
+
+    /// Forgets transmission `seq` on path `i` as lost; queues its packet again if this was its
+    /// latest transmission and it is not acknowledged. Returns whether a live slot was dropped.
+    fn drop_transmission(&mut self, i: usize, seq: PathSeq, now: Instant) -> bool {
+        let slot = seq.0 as usize % PATH_RING;
+        let raw = self.paths[i].ring_psn[slot];
+        if raw == NO_PSN {
+            return false;
+        }
+        self.paths[i].ring_psn[slot] = NO_PSN;
+        let psn = Psn::new(raw);
+        if self.in_tx_window(psn) {
+            let pk = self.pkts[psn.get() as usize % W];
+            if !pk.acked && usize::from(pk.path) == i && pk.seq == seq {
+                self.queue_retx(psn, now);
+            }
+        }
+        true
+    }
+
+    fn in_tx_window(&self, psn: Psn) -> bool {
+        let d = psn_diff(psn, self.una);
+        d >= 0 && psn_diff(psn, self.nxt) < 0
+    }
+
+    fn queue_retx(&mut self, psn: Psn, not_before: Instant) {
+        let pk = &mut self.pkts[psn.get() as usize % W];
+        if pk.queued {
+            return;
+        }
+        pk.queued = true;
+        pk.not_before = not_before;
+        self.retx[self.retx_tail as usize % W] = psn;
+        self.retx_tail = self.retx_tail.wrapping_add(1);
+    }
+
+    // ----- transmit ---------------------------------------------------------------------
+
+    /// Writes the next datagram's headers into `buf` (which must hold an MTU plus 128 bytes).
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        if buf.len() < self.cfg.mtu as usize + 128 {
+            return None;
+        }
+        if let Some(t) = self.transmit_control(now, buf) {
+            return Some(t);
+        }
+        if let Some(t) = self.transmit_retx(now, buf) {
+            return Some(t);
+        }
+        self.transmit_new(now, buf)
+    }
+
+    fn bth(&self, opcode: Opcode, psn: Psn, pad: u8, ack_req: bool) -> BthRepr {
+        BthRepr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pad_count: pad,
+            tver: 0,
+            pkey: self.cfg.pkey,
+            fecn: false,
+            becn: false,
+            dest_qp: self.cfg.remote_qpn,
+            ack_req,
+            psn,
+        }
+    }
+
+    fn write_headers(
+        &self,
+        buf: &mut [u8],
+        bth: BthRepr,
+        ext: Extensions,
+        path: usize,
+        payload_addr: u64,
+        payload_len: usize,
+    ) -> Option<Transmit> {
+        let rest = bth.emit(buf).ok()?;
+        let before = rest.len();
+        let rest = ext.emit(bth.opcode.layout(), rest).ok()?;
+        let header_len = BthRepr::LEN + before - rest.len();
+        let pad = usize::from(bth.pad_count);
+        Some(Transmit {
+            path: path as u8,
+            src_port: self.paths[path].stats.src_port,
+            header_len,
+            payload_addr,
+            payload_len,
+            len: header_len + payload_len + pad + 4,
+        })
+    }
+
+    fn transmit_control(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        let n = usize::from(self.cfg.paths);
+        // NACKs first: they are rare and unblock the peer.
+        if let Some(slot) = self.nacks.iter_mut().find(|s| s.is_some()) {
+            let pn = slot.take()?;
+            self.counters.nacks_sent += 1;
+            let bth = self.bth(Opcode::MrNack, pn.psn, 0, false);
+            return self.write_headers(buf, bth, Extensions::MrNack(pn.nack), usize::from(pn.path), 0, 0);
+        }
+        for i in 0..n {
+            let rx = &mut self.rx_paths[i];
+            if let Some((seq, ts)) = rx.probe_reply.take() {
+                let probe = MrProbeRepr { path_id: i as u8, probe_seq: seq, timestamp: now as u32, ts_echo: ts };
+                let bth = self.bth(Opcode::MrProbeReply, Psn::new(0), 0, false);
+                return self.write_headers(buf, bth, Extensions::MrProbe(probe), i, 0, 0);
+            }
+            let due = rx.ack_due.is_some_and(|d| now >= d);
+            if rx.ack_now || due {
+                let ack = MrAckRepr {
+                    ece: rx.ece,
+                    path_id: i as u8,
+                    ce_count: rx.ce,
+                    cum_seq: rx.sack.cumulative().0,
+                    ts_echo: rx.ts,
+                    ack_delay: now.saturating_sub(rx.ts_at).min(u64::from(u32::MAX)) as u32,
+                    rate_hint: 0,
+                    sack: rx.sack.to_wire(),
+                };
+                rx.ack_now = false;
+                rx.ack_due = None;
+                rx.unacked = 0;
+                rx.ce = 0;
+                rx.ece = false;
+                self.counters.acks_sent += 1;
+                let bth = self.bth(Opcode::MrAck, self.rx_cum, 0, false);
+                return self.write_headers(buf, bth, Extensions::MrAck(ack), i, 0, 0);
+            }
+        }
+        for i in 0..n {
+            let p = &mut self.paths[i];
+            if p.state == PathState::Probing && now >= p.probe_due {
+                p.probe_seq = p.probe_seq.wrapping_add(1);
+                p.probe_due = now + self.cfg.probe_interval;
+                p.probes_unanswered = p.probes_unanswered.saturating_add(1);
+                if p.probes_unanswered > self.cfg.probes_to_fail {
+                    // Declare the route dead: new entropy, and keep probing on it.
+                    p.generation = p.generation.wrapping_add(1);
+                    p.stats.src_port = entropy_port(self.cfg.entropy_seed, i as u8, p.generation);
+                    p.stats.failures += 1;
+                    p.probes_unanswered = 1;
+                    let first = !p.failed;
+                    p.failed = true;
+                    let port = p.stats.src_port;
+                    if first {
+                        self.counters.path_failures += 1;
+                    }
+                    self.push_event(Event::PathFailed { path: i as u8, new_src_port: port });
+                }
+                let p = &self.paths[i];
+                let probe = MrProbeRepr { path_id: i as u8, probe_seq: p.probe_seq, timestamp: now as u32, ts_echo: 0 };
+                self.counters.probes_sent += 1;
+                let bth = self.bth(Opcode::MrProbe, Psn::new(0), 0, false);
+                return self.write_headers(buf, bth, Extensions::MrProbe(probe), i, 0, 0);
+            }
+        }
+        None
+    }
+
+    /// The active path with room that comes next in the round-robin, avoiding `avoid` if another
+    /// one has room.
+    fn pick_path(&mut self, avoid: Option<usize>) -> Option<usize> {
+        let n = usize::from(self.cfg.paths);
+        let mut fallback = None;
+        for k in 0..n {
+            let i = (self.rr + k) % n;
+            let p = &self.paths[i];
+            let room = (p.next_seq.diff(p.una) as u32) < self.cfg.window_per_path;
+            if p.state != PathState::Active || !room {
+                continue;
+            }
+            if Some(i) == avoid {
+                fallback = Some(i);
+                continue;
+            }
+            self.rr = (i + 1) % n;
+            return Some(i);
+        }
+        fallback
+    }
+
+    fn transmit_retx(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        while self.retx_head != self.retx_tail {
+            let psn = self.retx[self.retx_head as usize % W];
+            let live = self.in_tx_window(psn) && !self.pkts[psn.get() as usize % W].acked;
+            if !live {
+                self.pkts[psn.get() as usize % W].queued = false;
+                self.retx_head = self.retx_head.wrapping_add(1);
+                continue;
+            }
+            if self.pkts[psn.get() as usize % W].not_before > now {
+                return None;
+            }
+            let avoid = Some(usize::from(self.pkts[psn.get() as usize % W].path));
+            let path = self.pick_path(avoid)?;
+            self.retx_head = self.retx_head.wrapping_add(1);
+            self.pkts[psn.get() as usize % W].queued = false;
+            self.counters.retransmitted += 1;
+            self.paths[path].stats.retransmitted += 1;
+            return self.send_packet(now, buf, psn, path, true);
+        }
+        None
+    }
+
+    fn transmit_new(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        if psn_diff(self.nxt, self.una) as usize >= W {
+            return None;
+        }
+        // The oldest message with packets left to send.
+        let mut m = self.msg_head;
+        let found = loop {
+            if m == self.msg_tail {
+                return None;
+            }
+            if let Some(msg) = &self.msgs[m as usize % Q] {
+                if !msg.done && msg.next_pkt < msg.npkts {
+                    break m;
+                }
+            }
+            m = m.wrapping_add(1);
+        };
+        let path = self.pick_path(None)?;
+        let psn = self.nxt;
+        self.nxt = self.nxt.wrapping_add(1);
+        let msg = self.msgs[found as usize % Q].as_mut()?;
+        let idx = msg.next_pkt;
+        msg.next_pkt += 1;
+        msg.last_psn = Some(psn);
+        self.pkts[psn.get() as usize % W] =
+            TxPkt { msg: found, idx, path: path as u8, ..TxPkt::default() };
+        self.counters.data_sent += 1;
+        self.send_packet(now, buf, psn, path, false)
+    }
+
+    fn send_packet(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        psn: Psn,
+        path: usize,
+        retransmit: bool,
+    ) -> Option<Transmit> {
+        let pk = self.pkts[psn.get() as usize % W];
+        let msg = self.msgs[pk.msg as usize % Q]?;
+        let p = &mut self.paths[path];
+        let seq = p.next_seq;
+        p.next_seq = seq.add(1);
+        let slot = seq.0 as usize % PATH_RING;
+        p.ring_psn[slot] = psn.get();
+        p.ring_sent[slot] = now;
+        p.stats.sent += 1;
+        let pk = &mut self.pkts[psn.get() as usize % W];
+        pk.path = path as u8;
+        pk.seq = seq;
+        pk.sent_at = now;
+
+        let mtu = self.cfg.mtu;
+        let offset = pk.idx * mtu;
+        let (len, opcode) = match msg.kind {
+            MsgKind::Read => (0, Opcode::MrReadRequest),
+            MsgKind::ReadResponse => (msg.len.saturating_sub(offset).min(mtu), Opcode::MrReadResponse),
+            MsgKind::Send => (
+                msg.len.saturating_sub(offset).min(mtu),
+                if msg.imm.is_some() { Opcode::MrSendImm } else { Opcode::MrSend },
+            ),
+            MsgKind::Write => (
+                msg.len.saturating_sub(offset).min(mtu),
+                if msg.imm.is_some() { Opcode::MrWriteImm } else { Opcode::MrWrite },
+            ),
+        };
+        let data = MrDataRepr {
+            retransmit,
+            path_id: path as u8,
+            stream_id: msg.stream,
+            path_seq: seq.0,
+            msn: msg.msn,
+            msg_offset: offset,
+            msg_len: msg.len,
+            timestamp: now as u32,
+        };
+        let remote = MrRemoteRepr { va: msg.remote.va, rkey: msg.remote.rkey };
+        let ext = match (opcode, msg.imm) {
+            (Opcode::MrWrite | Opcode::MrReadRequest, _) => Extensions::MrRemote(data, remote),
+            (Opcode::MrWriteImm, Some(i)) => Extensions::MrRemoteImm(data, remote, i),
+            (Opcode::MrSendImm, Some(i)) => Extensions::MrDataImm(data, i),
+            _ => Extensions::MrData(data),
+        };
+        let pad = ((4 - len % 4) % 4) as u8;
+        let last = pk.idx + 1 == msg.npkts;
+        let bth = self.bth(opcode, psn, pad, last);
+        let addr = msg.local_addr + u64::from(offset);
+        self.write_headers(buf, bth, ext, path, addr, len as usize)
+    }
+
+    /// Adds the pad and the ICRC to a datagram whose headers came from
+    /// [`Connection::poll_transmit`] and whose payload the runner has copied in after them.
+    pub fn seal(&self, tx: &Transmit, buf: &mut [u8]) {
+        let Some(datagram) = buf.get_mut(..tx.len) else { return };
+        let pad_at = tx.header_len + tx.payload_len;
+        let icrc_at = tx.len - 4;
+        datagram[pad_at..icrc_at].fill(0);
+        let value = compute_icrc(
+            self.cfg.local_ip,
+            self.cfg.remote_ip,
+            tx.src_port,
+            self.cfg.dst_port,
+            &datagram[..icrc_at],
+        );
+        datagram[icrc_at..].copy_from_slice(&value.to_le_bytes());
+    }
+
+    // ----- receive ----------------------------------------------------------------------
+
+    /// Handles an arrived datagram (BTH to ICRC) that came from UDP source port `src_port`, with
+    /// `ce` when its IP header was marked Congestion Experienced. Returns what to place where, or
+    /// why it was dropped.
+    pub fn handle_datagram(
+        &mut self,
+        now: Instant,
+        src_port: u16,
+        ce: bool,
+        datagram: &[u8],
+    ) -> Result<Delivery, DropReason> {
+        let Some(view) = self.check_datagram(src_port, datagram) else {
+            self.counters.drop_malformed += 1;
+            return Err(DropReason::Malformed);
+        };
+        let bth = view.bth;
+        if bth.dest_qp != self.cfg.local_qpn {
+            self.counters.drop_wrong_qp += 1;
+            return Err(DropReason::WrongQp);
+        }
+        if bth.pkey != self.cfg.pkey {
+            self.counters.drop_wrong_pkey += 1;
+            return Err(DropReason::WrongPkey);
+        }
+        if ce {
+            self.counters.ecn_ce_received += 1;
+        }
+        match view.ext {
+            Extensions::MrAck(ack) => {
+                self.on_ack(now, bth.psn, &ack);
+                Ok(Delivery::Nothing)
+            }
+            Extensions::MrNack(nack) => {
+                self.on_nack(now, bth.psn, &nack);
+                Ok(Delivery::Nothing)
+            }
+            Extensions::MrProbe(probe) => {
+                self.on_probe(now, bth.opcode, &probe);
+                Ok(Delivery::Nothing)
+            }
+            _ => match view.ext.mr_data() {
+                Some(data) => self.on_data(now, ce, &bth, &view.ext, data, view.payload_at, view.payload_len),
+                None => {
+                    self.counters.drop_other += 1;
+                    Err(DropReason::UnsupportedOpcode)
+                }
+            },
+        }
+    }
+
+    fn check_datagram(&self, src_port: u16, d: &[u8]) -> Option<Checked> {
+        if d.len() < BthRepr::LEN + 4 {
+            return None;
+        }
+        let (bth, rest) = BthRepr::parse(d).ok()?;
+        let (ext, body) = Extensions::parse(bth.opcode.layout(), rest).ok()?;
+        let payload_and_pad = body.len().checked_sub(4)?;
+        let payload_len = payload_and_pad.checked_sub(usize::from(bth.pad_count))?;
+        let icrc_at = d.len() - 4;
+        let stored = u32::from_le_bytes([d[icrc_at], d[icrc_at + 1], d[icrc_at + 2], d[icrc_at + 3]]);
+        let computed = compute_icrc(self.cfg.remote_ip, self.cfg.local_ip, src_port, self.cfg.dst_port, &d[..icrc_at]);
+        if stored != computed {
+            return None;
+        }
+        Some(Checked { bth, ext, payload_at: d.len() - 4 - payload_and_pad, payload_len })
+    }
+
+    fn on_probe(&mut self, now: Instant, opcode: Opcode, probe: &MrProbeRepr) {
+        let i = usize::from(probe.path_id);
+        if i >= usize::from(self.cfg.paths) {
+            self.counters.drop_other += 1;
+            return;
+        }
+        if opcode == Opcode::MrProbe {
+            self.rx_paths[i].probe_reply = Some((probe.probe_seq, probe.timestamp));
+            return;
+        }
+        let p = &mut self.paths[i];
+        if p.state == PathState::Probing && probe.probe_seq == p.probe_seq {
+            p.state = PathState::Active;
+            p.timeouts_in_row = 0;
+            p.probes_unanswered = 0;
+            let rtt = u64::from((now as u32).wrapping_sub(probe.ts_echo));
+            rtt_sample(p, rtt);
+            if p.failed {
+                p.failed = false;
+                self.push_event(Event::PathRestored { path: i as u8 });
+            }
+        }
+    }
+
+    fn on_nack(&mut self, now: Instant, psn: Psn, nack: &MrNackRepr) {
+        self.counters.nacks_received += 1;
+        if !self.in_tx_window(psn) {
+            return;
+        }
+        let idx = psn.get() as usize % W;
+        let msg_no = self.pkts[idx].msg;
+        if nack.reason == NackReason::ReceiverNotReady {
+            self.pkts[idx].acked = false;
+            // Forget which transmission this was, so that its ACK cannot mark it delivered.
+            self.pkts[idx].path = u8::MAX;
+            self.queue_retx(psn, now + self.cfg.rnr_delay);
+            return;
+        }
+        if let Some(m) = self.msgs[msg_no as usize % Q].as_mut() {
+            if !m.done {
+                m.done = true;
+                m.status = Status::Refused(nack.reason);
+                m.next_pkt = m.npkts;
+            }
+        }
+        self.complete_in_order();
+    }
+
+    fn on_ack(&mut self, now: Instant, cum_psn: Psn, ack: &MrAckRepr) {
+        let i = usize::from(ack.path_id);
+        if i >= usize::from(self.cfg.paths) {
+            self.counters.drop_other += 1;
+            return;
+        }
+        self.counters.ecn_marks_echoed += u64::from(ack.ce_count);
+        self.paths[i].stats.ecn_marks += u64::from(ack.ce_count);
+        let cum = PathSeq(ack.cum_seq);
+        let (una, next) = (self.paths[i].una, self.paths[i].next_seq);
+        // The highest transmission this ACK reports as arrived.
+        let mut highest = cum.add(u32::MAX); // cum - 1
+        for bit in (0..SACK_BITS).rev() {
+            if ack.sack[bit / 8] & (1 << (bit % 8)) != 0 {
+                highest = cum.add(1 + bit as u32);
+                break;
+            }
+        }
+        let mut newly_acked = false;
+        let mut s = una;
+        while s != next && !highest.before(s) {
+            let slot = s.0 as usize % PATH_RING;
+            let raw = self.paths[i].ring_psn[slot];
+            if raw != NO_PSN {
+                let d = s.diff(cum);
+                let arrived = d < 0 || (d >= 1 && {
+                    let b = (d - 1) as usize;
+                    b < SACK_BITS && ack.sack[b / 8] & (1 << (b % 8)) != 0
+                });
+                if arrived {
+                    self.paths[i].ring_psn[slot] = NO_PSN;
+                    self.paths[i].stats.acked += 1;
+                    let psn = Psn::new(raw);
+                    let pk = &self.pkts[psn.get() as usize % W];
+                    // Only the packet's latest transmission counts: an older one may have been
+                    // refused for want of a receive buffer and be waiting to go again.
+                    let latest = usize::from(pk.path) == i && pk.seq == s;
+                    if self.in_tx_window(psn) && !pk.acked && latest {
+                        self.pkts[psn.get() as usize % W].acked = true;
+                        self.counters.acked += 1;
+                        if d >= 1 {
+                            self.counters.sacked += 1;
+                        }
+                    }
+                    newly_acked = true;
+                } else {
+                    // Below a transmission that arrived on the same in-order path: lost.
+                    self.drop_transmission(i, s, now);
+                    self.paths[i].stats.lost += 1;
+                    self.counters.lost_by_sack += 1;
+                }
+            }
+            s = s.add(1);
+        }
+        let p = &mut self.paths[i];
+        while p.una != p.next_seq && p.ring_psn[p.una.0 as usize % PATH_RING] == NO_PSN {
+            p.una = p.una.add(1);
+        }
+        if newly_acked {
+            p.timeouts_in_row = 0;
+            let rtt = u64::from((now as u32).wrapping_sub(ack.ts_echo).wrapping_sub(ack.ack_delay));
+            if rtt < 1_000_000_000 {
+                rtt_sample(p, rtt);
+            }
+        }
+        // The connection-level cumulative PSN: what the peer has accepted for good.
+        if psn_diff(cum_psn, self.peer_cum) > 0 && psn_diff(cum_psn, self.nxt) <= 0 {
+            self.peer_cum = cum_psn;
+        }
+        self.advance_window();
+    }
+
+    fn advance_window(&mut self) {
+        while self.una != self.peer_cum {
+            let idx = self.una.get() as usize % W;
+            let pk = self.pkts[idx];
+            self.pkts[idx].acked = true;
+            if let Some(m) = self.msgs[pk.msg as usize % Q].as_mut() {
+                if m.last_psn == Some(self.una) && m.next_pkt == m.npkts && m.kind != MsgKind::Read {
+                    m.done = true;
+                }
+            }
+            self.una = self.una.wrapping_add(1);
+        }
+        self.complete_in_order();
+    }
+
+    /// Reports finished messages in order within each stream and frees the ring's head.
+    fn complete_in_order(&mut self) {
+        let mut blocked = [false; S];
+        let mut m = self.msg_head;
+        while m != self.msg_tail {
+            let slot = m as usize % Q;
+            let Some(msg) = self.msgs[slot] else {
+                m = m.wrapping_add(1);
+                continue;
+            };
+            let s = usize::from(msg.stream) % S;
+            if !msg.reported && msg.done && !blocked[s] {
+                if let Some(x) = self.msgs[slot].as_mut() {
+                    x.reported = true;
+                }
+                let kind = match msg.kind {
+                    MsgKind::Send => Some(CompletionKind::Send),
+                    MsgKind::Write => Some(CompletionKind::Write),
+                    MsgKind::Read => Some(CompletionKind::Read),
+                    MsgKind::ReadResponse => None,
+                };
+                if let Some(kind) = kind {
+                    self.push_event(Event::Completion(Completion {
+                        id: msg.wr_id,
+                        status: msg.status,
+                        kind,
+                        byte_len: msg.len,
+                        imm: msg.imm,
+                        stream: msg.stream,
+                    }));
+                }
+            } else if !msg.reported {
+                blocked[s] = true;
+            }
+            m = m.wrapping_add(1);
+        }
+        // Free reported messages at the head whose packets have all left the window.
+        while self.msg_head != self.msg_tail {
+            let slot = self.msg_head as usize % Q;
+            let free = match self.msgs[slot] {
+                None => true,
+                Some(msg) => {
+                    msg.reported
+                        && msg.last_psn.is_none_or(|l| !self.in_tx_window(l))
+                }
+            };
+            if !free {
+                break;
+            }
+            self.msgs[slot] = None;
+            self.msg_head = self.msg_head.wrapping_add(1);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_data(
+        &mut self,
+        now: Instant,
+        ce: bool,
+        bth: &BthRepr,
+        ext: &Extensions,
+        data: MrDataRepr,
+        payload_at: usize,
+        payload_len: usize,
+    ) -> Result<Delivery, DropReason> {
+        let i = usize::from(data.path_id);
+        if i >= usize::from(self.cfg.paths) {
+            self.counters.drop_other += 1;
+            return Err(DropReason::UnknownPath);
+        }
+        let offset_psn = psn_diff(bth.psn, self.rx_cum);
+        if offset_psn >= W as i32 {
+            self.counters.drop_out_of_window += 1;
+            return Err(DropReason::OutOfWindow);
+        }
+        let rx = &mut self.rx_paths[i];
+        let arrival = rx.sack.insert(PathSeq(data.path_seq));
+        if arrival == Arrival::BeyondWindow {
+            self.counters.drop_out_of_window += 1;
+            return Err(DropReason::PathWindow);
+        }
+        rx.ts = data.timestamp;
+        rx.ts_at = now;
+        rx.unacked += 1;
+        if ce {
+            rx.ce = rx.ce.saturating_add(1);
+            rx.ece = true;
+        }
+        let urgent = ce || bth.ack_req || arrival != Arrival::InOrder || rx.sack.has_gap();
+        if urgent || rx.unacked >= self.cfg.ack_every {
+            rx.ack_now = true;
+        } else if rx.ack_due.is_none() {
+            rx.ack_due = Some(now + self.cfg.ack_delay);
+        }
+        if offset_psn < 0 || self.rx_seen[bth.psn.get() as usize % W] {
+            self.counters.duplicates += 1;
+            return Err(DropReason::Duplicate);
+        }
+        let stream = usize::from(data.stream_id);
+        if stream >= S {
+            return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
+        }
+        let end = u64::from(data.msg_offset) + payload_len as u64;
+        if end > u64::from(data.msg_len) {
+            return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
+        }
+        let delivery = match bth.opcode {
+            Opcode::MrWrite | Opcode::MrWriteImm => {
+                let Some(remote) = remote_of(ext) else {
+                    return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
+                };
+                let addr = match self.regions.check(remote.rkey, remote.va, u64::from(data.msg_len), Access::REMOTE_WRITE) {
+                    Ok(base) => base + u64::from(data.msg_offset),
+                    Err(reason) => {
+                        self.counters.access_violations += 1;
+                        return self.refuse(bth.psn, i, &data, reason, true);
+                    }
+                };
+                if bth.opcode == Opcode::MrWriteImm {
+                    if let Err(reason) = self.receive_into(&data, payload_len, ext.immdt(), true) {
+                        let fatal = reason != NackReason::ReceiverNotReady;
+                        return self.refuse(bth.psn, i, &data, reason, fatal);
+                    }
+                }
+                Delivery::Place { addr, offset: payload_at, len: payload_len }
+            }
+            Opcode::MrSend | Opcode::MrSendImm => {
+                match self.receive_into(&data, payload_len, ext.immdt(), false) {
+                    Ok(addr) => Delivery::Place { addr, offset: payload_at, len: payload_len },
+                    Err(reason) => {
+                        let fatal = reason != NackReason::ReceiverNotReady;
+                        return self.refuse(bth.psn, i, &data, reason, fatal);
+                    }
+                }
+            }
+            Opcode::MrReadRequest => {
+                let Some(remote) = remote_of(ext) else {
+                    return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
+                };
+                let va = match self.regions.check(remote.rkey, remote.va, u64::from(data.msg_len), Access::REMOTE_READ) {
+                    Ok(va) => va,
+                    Err(reason) => {
+                        self.counters.access_violations += 1;
+                        return self.refuse(bth.psn, i, &data, reason, true);
+                    }
+                };
+                if self.msg_tail.wrapping_sub(self.msg_head) as usize >= Q {
+                    return self.refuse(bth.psn, i, &data, NackReason::ReceiverNotReady, false);
+                }
+                self.push_msg(TxMsg {
+                    wr_id: 0,
+                    kind: MsgKind::ReadResponse,
+                    imm: None,
+                    stream: data.stream_id,
+                    msn: data.msn,
+                    local_addr: va,
+                    len: data.msg_len,
+                    remote: RemoteAddr::default(),
+                    npkts: data.msg_len.div_ceil(self.cfg.mtu).max(1),
+                    next_pkt: 0,
+                    last_psn: None,
+                    resp_bytes: 0,
+                    done: false,
+                    status: Status::Success,
+                    reported: false,
+                });
+                Delivery::Nothing
+            }
+            Opcode::MrReadResponse => self.read_response(&data, payload_at, payload_len),
+            _ => {
+                self.counters.drop_other += 1;
+                return Err(DropReason::UnsupportedOpcode);
+            }
+        };
+        self.accept(bth.psn);
+        self.counters.data_received += 1;
+        if let Delivery::Place { len, .. } = delivery {
+            self.counters.bytes_placed += len as u64;
+        }
+        Ok(delivery)
+    }
+
+    /// Marks a PSN received and advances the cumulative PSN.
+    fn accept(&mut self, psn: Psn) {
+        self.rx_seen[psn.get() as usize % W] = true;
+        while self.rx_seen[self.rx_cum.get() as usize % W] {
+            self.rx_seen[self.rx_cum.get() as usize % W] = false;
+            self.rx_cum = self.rx_cum.wrapping_add(1);
+        }
+    }
+
+    /// Refuses a packet with a NACK. A fatal refusal consumes the PSN (nothing is placed, the
+    /// connection goes on); a transient one leaves it to be sent again.
+    fn refuse(
+        &mut self,
+        psn: Psn,
+        path: usize,
+        data: &MrDataRepr,
+        reason: NackReason,
+        fatal: bool,
+    ) -> Result<Delivery, DropReason> {
+        if fatal {
+            self.accept(psn);
+        }
+        let nack = MrNackRepr {
+            path_id: path as u8,
+            reason,
+            path_seq: data.path_seq,
+            stream_id: data.stream_id,
+            msn: data.msn,
+        };
+        if let Some(slot) = self.nacks.iter_mut().find(|s| s.is_none()) {
+            *slot = Some(PendingNack { path: path as u8, psn, nack });
+        }
+        Ok(Delivery::Nothing)
+    }
+
+    /// Matches a Send or Write-with-immediate packet to the receive buffer posted for its MSN and
+    /// returns where its payload goes.
+    fn receive_into(
+        &mut self,
+        data: &MrDataRepr,
+        payload_len: usize,
+        imm: Option<u32>,
+        write_imm: bool,
+    ) -> Result<u64, NackReason> {
+        let s = &mut self.rx_streams[usize::from(data.stream_id)];
+        let ahead = data.msn.wrapping_sub(s.completed);
+        if ahead >= s.posted.wrapping_sub(s.completed) {
+            return Err(if ahead < 1 << 31 { NackReason::ReceiverNotReady } else { NackReason::InvalidRequest });
+        }
+        let slot = &mut s.slots[data.msn as usize % Q];
+        if !write_imm && data.msg_len > slot.cap {
+            return Err(NackReason::MessageTooLong);
+        }
+        if slot.started && slot.msg_len != data.msg_len {
+            return Err(NackReason::InvalidRequest);
+        }
+        slot.started = true;
+        slot.msg_len = data.msg_len;
+        slot.write_imm = write_imm;
+        if imm.is_some() {
+            slot.imm = imm;
+        }
+        let addr = slot.addr + u64::from(data.msg_offset);
+        slot.got += if write_imm { payload_len as u32 } else { payload_len as u32 };
+        if slot.got == slot.msg_len {
+            slot.done = true;
+            self.complete_receives(usize::from(data.stream_id));
+        }
+        Ok(addr)
+    }
+
+    fn complete_receives(&mut self, stream: usize) {
+        loop {
+            let s = &mut self.rx_streams[stream];
+            if s.completed == s.posted {
+                return;
+            }
+            let slot = s.slots[s.completed as usize % Q];
+            if !slot.done {
+                return;
+            }
+            s.completed = s.completed.wrapping_add(1);
+            self.push_event(Event::Completion(Completion {
+                id: slot.id,
+                status: slot.status.map_or(Status::Success, Status::Refused),
+                kind: if slot.write_imm { CompletionKind::RecvWriteImm } else { CompletionKind::Recv },
+                byte_len: slot.msg_len,
+                imm: slot.imm,
+                stream: stream as u16,
+            }));
+        }
+    }
+
+    fn read_response(&mut self, data: &MrDataRepr, payload_at: usize, payload_len: usize) -> Delivery {
+        let mut m = self.msg_head;
+        while m != self.msg_tail {
+            let slot = m as usize % Q;
+            if let Some(msg) = self.msgs[slot].as_mut() {
+                if msg.kind == MsgKind::Read && msg.stream == data.stream_id && msg.msn == data.msn && !msg.done {
+                    if u64::from(data.msg_offset) + payload_len as u64 > u64::from(msg.len) {
+                        return Delivery::Nothing;
+                    }
+                    msg.resp_bytes += payload_len as u32;
+                    let addr = msg.local_addr + u64::from(data.msg_offset);
+                    if msg.resp_bytes >= msg.len {
+                        msg.done = true;
+                        self.complete_in_order();
+                    }
+                    return Delivery::Place { addr, offset: payload_at, len: payload_len };
+                }
+            }
+            m = m.wrapping_add(1);
+        }
+        Delivery::Nothing
+    }
+}
+
+/// What a datagram's check yields.
+struct Checked {
+    bth: BthRepr,
+    ext: Extensions,
+    payload_at: usize,
+    payload_len: usize,
+}
+
+fn remote_of(ext: &Extensions) -> Option<MrRemoteRepr> {
+    match *ext {
+        Extensions::MrRemote(_, r) | Extensions::MrRemoteImm(_, r, _) => Some(r),
+        _ => None,
+    }
+}
+
+fn post_inc(x: &mut u32) -> u32 {
+    let v = *x;
+    *x = x.wrapping_add(1);
+    v
+}
+
+fn rtt_sample(p: &mut TxPath, rtt: u64) {
+    if p.stats.rtt_min == 0 || rtt < p.stats.rtt_min {
+        p.stats.rtt_min = rtt.max(1);
+    }
+    if p.srtt == 0 {
+        p.srtt = rtt;
+        p.rttvar = rtt / 2;
+    } else {
+        let err = p.srtt.abs_diff(rtt);
+        p.rttvar = (3 * p.rttvar + err) / 4;
+        p.srtt = (7 * p.srtt + rtt) / 8;
+    }
+}
+
+/// The ICRC of a datagram sent over UDP from `src` to `dst`: computed over the canonical IP
+/// header a UDP socket cannot see (IPv4: identification 0, DF set; IPv6: no extension headers)
+/// and the UDP header, so that both ends agree without reading each other's IP headers.
+pub fn compute_icrc(src: IpAddr, dst: IpAddr, src_port: u16, dst_port: u16, transport: &[u8]) -> u32 {
+    let udp_len = (8 + transport.len() + 4) as u16;
+    let mut udp = [0u8; 8];
+    udp[..2].copy_from_slice(&src_port.to_be_bytes());
+    udp[2..4].copy_from_slice(&dst_port.to_be_bytes());
+    udp[4..6].copy_from_slice(&udp_len.to_be_bytes());
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let mut ip = [0u8; 20];
+            ip[0] = 0x45;
+            ip[2..4].copy_from_slice(&(20 + udp_len).to_be_bytes());
+            ip[6] = 0x40;
+            ip[9] = 17;
+            ip[12..16].copy_from_slice(&s.octets());
+            ip[16..20].copy_from_slice(&d.octets());
+            icrc::compute(&ip, &udp, transport)
+        }
+        (s, d) => {
+            let v6 = |a: IpAddr| match a {
+                IpAddr::V6(x) => x.octets(),
+                IpAddr::V4(x) => x.to_ipv6_mapped().octets(),
+            };
+            let mut ip = [0u8; 40];
+            ip[0] = 0x60;
+            ip[4..6].copy_from_slice(&udp_len.to_be_bytes());
+            ip[6] = 17;
+            ip[8..24].copy_from_slice(&v6(s));
+            ip[24..40].copy_from_slice(&v6(d));
+            icrc::compute(&ip, &udp, transport)
+        }
+    }
+}

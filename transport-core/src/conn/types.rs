@@ -1,0 +1,282 @@
+//! What goes in and out of a connection: work requests, receive buffers, completions, events,
+//! transmits and placements, and the counters.
+
+use crate::wire::metaroce::NackReason;
+
+/// Time in nanoseconds from an arbitrary epoch, supplied by the runner.
+pub type Instant = u64;
+
+/// The operation of a work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum WrOp {
+    /// Send into the peer's next posted receive buffer on the stream.
+    Send,
+    /// Send with immediate data.
+    SendWithImm(u32),
+    /// Write into the peer's memory.
+    Write,
+    /// Write, then consume a receive buffer on the peer with immediate data.
+    WriteWithImm(u32),
+    /// Read from the peer's memory into the local buffer.
+    Read,
+}
+
+/// The peer's memory a Write or Read addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct RemoteAddr {
+    /// Address in the peer's region.
+    pub va: u64,
+    /// The peer's key for the region.
+    pub rkey: u32,
+}
+
+/// A work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct WorkRequest {
+    /// Returned in the completion.
+    pub id: u64,
+    /// What to do.
+    pub op: WrOp,
+    /// The ordered stream it belongs to.
+    pub stream: u16,
+    /// Local buffer: the source of a Send or Write, the destination of a Read.
+    pub local_addr: u64,
+    /// Bytes.
+    pub len: u32,
+    /// Peer memory (Write and Read).
+    pub remote: RemoteAddr,
+}
+
+/// A receive buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct RecvRequest {
+    /// Returned in the completion.
+    pub id: u64,
+    /// The stream whose next message it receives.
+    pub stream: u16,
+    /// Local address.
+    pub addr: u64,
+    /// Capacity in bytes.
+    pub len: u32,
+}
+
+/// How a work request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Status {
+    /// Done.
+    Success,
+    /// The peer refused it.
+    Refused(NackReason),
+}
+
+/// Which kind of work a completion reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum CompletionKind {
+    /// A Send (with or without immediate) was delivered.
+    Send,
+    /// A Write (with or without immediate) was placed.
+    Write,
+    /// A Read's data arrived.
+    Read,
+    /// A receive buffer was filled by a Send.
+    Recv,
+    /// A receive buffer was consumed by a Write with immediate.
+    RecvWriteImm,
+}
+
+/// A completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Completion {
+    /// The work request or receive buffer's id.
+    pub id: u64,
+    /// How it ended.
+    pub status: Status,
+    /// What it was.
+    pub kind: CompletionKind,
+    /// Bytes transferred.
+    pub byte_len: u32,
+    /// Immediate data, when the message carried some.
+    pub imm: Option<u32>,
+    /// Its stream.
+    pub stream: u16,
+}
+
+/// Something the runner should know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Event {
+    /// A work request or receive completed.
+    Completion(Completion),
+    /// A path stopped delivering and was taken out of service (it will be probed on new entropy).
+    PathFailed {
+        /// The path.
+        path: u8,
+        /// Its new UDP source port.
+        new_src_port: u16,
+    },
+    /// A failed path answered its probes and carries data again.
+    PathRestored {
+        /// The path.
+        path: u8,
+    },
+}
+
+/// A datagram to send: the connection wrote its headers into the caller's buffer.
+///
+/// The runner copies `payload_len` bytes from local address `payload_addr` to
+/// `buf[header_len..]`, then calls [`Connection::seal`](super::Connection::seal) to add the pad and
+/// the ICRC, and sends `buf[..len]` from UDP source port `src_port`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Transmit {
+    /// The path it goes on.
+    pub path: u8,
+    /// UDP source port of that path.
+    pub src_port: u16,
+    /// Bytes of headers written.
+    pub header_len: usize,
+    /// Local address of the payload.
+    pub payload_addr: u64,
+    /// Payload bytes that follow the headers.
+    pub payload_len: usize,
+    /// The whole datagram's length, pad and ICRC included.
+    pub len: usize,
+}
+
+/// What the runner does with an arrived datagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Delivery {
+    /// Nothing to place.
+    Nothing,
+    /// Copy `len` bytes from the datagram at `offset` to local address `addr` (already checked).
+    Place {
+        /// Destination.
+        addr: u64,
+        /// Where the bytes start in the datagram.
+        offset: usize,
+        /// How many.
+        len: usize,
+    },
+}
+
+/// Why a datagram was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum DropReason {
+    /// It did not parse (truncated, bad ICRC, unknown version, ...).
+    Malformed,
+    /// Its destination QP is not this connection.
+    WrongQp,
+    /// Its P_Key is not this connection's.
+    WrongPkey,
+    /// Its PSN lies outside the receive window.
+    OutOfWindow,
+    /// Its path sequence lies beyond the path's 256-packet window.
+    PathWindow,
+    /// It names a path this connection does not have.
+    UnknownPath,
+    /// Already received.
+    Duplicate,
+    /// An opcode this connection does not act on.
+    UnsupportedOpcode,
+}
+
+/// Why a work request was not accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum PostError {
+    /// The queue is full; poll completions first.
+    QueueFull,
+    /// The stream number is not below the connection's stream count.
+    NoSuchStream,
+    /// A Write or Read of zero bytes, or a message longer than 2^31 bytes.
+    BadLength,
+}
+
+/// Connection-wide counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Counters {
+    /// Data packets sent for the first time.
+    pub data_sent: u64,
+    /// Data packets sent again.
+    pub retransmitted: u64,
+    /// Data packets acknowledged.
+    pub acked: u64,
+    /// Data packets acknowledged selectively (above a gap).
+    pub sacked: u64,
+    /// Losses detected from SACK gaps.
+    pub lost_by_sack: u64,
+    /// Losses declared by a retransmission timeout.
+    pub lost_by_timeout: u64,
+    /// ACKs sent.
+    pub acks_sent: u64,
+    /// NACKs sent.
+    pub nacks_sent: u64,
+    /// NACKs received.
+    pub nacks_received: u64,
+    /// Data packets received and accepted.
+    pub data_received: u64,
+    /// Payload bytes placed.
+    pub bytes_placed: u64,
+    /// Duplicates received (dropped).
+    pub duplicates: u64,
+    /// Drops by reason: malformed.
+    pub drop_malformed: u64,
+    /// Drops by reason: wrong QPN.
+    pub drop_wrong_qp: u64,
+    /// Drops by reason: wrong P_Key.
+    pub drop_wrong_pkey: u64,
+    /// Drops by reason: PSN or path sequence outside the window.
+    pub drop_out_of_window: u64,
+    /// Drops by reason: unknown path or unsupported opcode.
+    pub drop_other: u64,
+    /// Requests refused for memory access (key, bounds, rights).
+    pub access_violations: u64,
+    /// CE marks seen on arrival.
+    pub ecn_ce_received: u64,
+    /// CE marks reported back by the peer's ACKs.
+    pub ecn_marks_echoed: u64,
+    /// Probes sent.
+    pub probes_sent: u64,
+    /// Paths declared failed.
+    pub path_failures: u64,
+}
+
+/// One path's health and counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct PathStats {
+    /// Current UDP source port.
+    pub src_port: u16,
+    /// Whether it carries data now.
+    pub active: bool,
+    /// Packets sent on it (first transmissions and retransmissions).
+    pub sent: u64,
+    /// Retransmissions sent on it.
+    pub retransmitted: u64,
+    /// Packets acknowledged on it.
+    pub acked: u64,
+    /// Packets it lost (SACK gap or timeout).
+    pub lost: u64,
+    /// Retransmission timeouts.
+    pub timeouts: u64,
+    /// Packets in flight now.
+    pub in_flight: u32,
+    /// Smallest RTT sample, ns (0 before the first sample).
+    pub rtt_min: u64,
+    /// Smoothed RTT, ns.
+    pub rtt_smoothed: u64,
+    /// CE marks the peer reported for it.
+    pub ecn_marks: u64,
+    /// Times it failed.
+    pub failures: u64,
+}
