@@ -52,6 +52,11 @@ impl Rng {
         self.below(den) < num
     }
 
+    /// True with probability `p` (0 never, 1 always).
+    pub fn chance_f(&mut self, p: f64) -> bool {
+        p > 0.0 && ((self.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+
     fn u32(&mut self) -> u32 {
         self.next_u64() as u32
     }

@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use host_ibverbs::capture::{self, PcapWriter, LINKTYPE_ETHERNET};
 use host_ibverbs::decode::{self, DecodeOptions};
 use host_ibverbs::gen::{self, Kind, Rng};
+use host_ibverbs::selftest;
 use serde_json::json;
 use std::io::{self, BufRead, BufWriter, Write};
 use std::path::PathBuf;
@@ -55,6 +56,95 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         pcap: Option<PathBuf>,
     },
+    /// Run two connections against each other over a virtual lossy link in virtual time, move
+    /// real bytes and verify every one. Exits 1 if any byte is wrong, missing or delivered twice.
+    Selftest(SelftestArgs),
+}
+
+#[derive(clap::Args)]
+struct SelftestArgs {
+    /// Payload bytes to move (suffixes KiB, MiB, GiB, KB, MB, GB).
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    bytes: u64,
+    /// Paths per connection (1-64).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u8).range(1..=64))]
+    paths: u8,
+    /// Probability that the link loses a packet.
+    #[arg(long, default_value_t = 0.0)]
+    loss: f64,
+    /// Probability that a packet is delayed (reordered against other paths).
+    #[arg(long, default_value_t = 0.0)]
+    reorder: f64,
+    /// Probability that a packet is duplicated.
+    #[arg(long, default_value_t = 0.0)]
+    dup: f64,
+    /// Probability that a packet is corrupted.
+    #[arg(long, default_value_t = 0.0)]
+    corrupt: f64,
+    /// Seed of everything random.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// A path whose route dies during the transfer.
+    #[arg(long)]
+    fail_path: Option<u8>,
+    /// When it dies (suffixes ns, us, ms, s).
+    #[arg(long, default_value = "2ms", value_parser = parse_duration)]
+    fail_at: u64,
+    /// The workload.
+    #[arg(long, value_enum, default_value_t = SelftestOps::Write)]
+    ops: SelftestOps,
+    /// The first PSN each end sends (0xfff000 crosses the 24-bit wrap early).
+    #[arg(long, default_value_t = 0)]
+    psn_start: u32,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("'{s}' is not a size"))?;
+    let mult = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "K" => 1 << 10,
+        "MiB" | "M" => 1 << 20,
+        "GiB" | "G" => 1 << 30,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        u => return Err(format!("unknown size unit '{u}'")),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("'{s}' is too large"))
+}
+
+fn parse_duration(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a duration"))?;
+    let mult = match unit.trim() {
+        "ns" => 1.0,
+        "us" => 1e3,
+        "ms" | "" => 1e6,
+        "s" => 1e9,
+        u => return Err(format!("unknown duration unit '{u}'")),
+    };
+    Ok((n * mult) as u64)
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum SelftestOps {
+    /// Writes only.
+    Write,
+    /// Writes, Sends (with and without immediate) and Reads on several streams.
+    Mixed,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -82,6 +172,7 @@ fn main() -> ExitCode {
             kind,
             pcap,
         } => run_gen(count, seed, kind, pcap),
+        Command::Selftest(args) => run_selftest(&args),
     };
     match result {
         Ok(code) => code,
@@ -215,4 +306,99 @@ fn run_gen(count: u64, seed: u64, kind: GenKind, pcap: Option<PathBuf>) -> io::R
         out.flush()?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn run_selftest(a: &SelftestArgs) -> io::Result<ExitCode> {
+    for (name, p) in [
+        ("loss", a.loss),
+        ("reorder", a.reorder),
+        ("dup", a.dup),
+        ("corrupt", a.corrupt),
+    ] {
+        if !(0.0..=1.0).contains(&p) {
+            eprintln!("metaroce: --{name} must be a probability between 0 and 1");
+            return Ok(ExitCode::from(2));
+        }
+    }
+    if a.fail_path.is_some_and(|p| p >= a.paths) {
+        eprintln!("metaroce: --fail-path must be below --paths");
+        return Ok(ExitCode::from(2));
+    }
+    let cfg = selftest::SelftestConfig {
+        bytes: a.bytes,
+        paths: a.paths,
+        loss: a.loss,
+        reorder: a.reorder,
+        dup: a.dup,
+        corrupt: a.corrupt,
+        seed: a.seed,
+        fail_path: a.fail_path,
+        fail_at_ns: a.fail_at,
+        initial_psn: a.psn_start & 0xff_ffff,
+        ops: match a.ops {
+            SelftestOps::Write => selftest::Ops::Write,
+            SelftestOps::Mixed => selftest::Ops::Mixed,
+        },
+        ..selftest::SelftestConfig::default()
+    };
+    let r = selftest::run(&cfg);
+    let mut out = io::stdout().lock();
+    if a.json {
+        let v = json!({
+            "bytes_posted": r.bytes_posted,
+            "bytes_delivered": r.bytes_delivered,
+            "bytes_verified": r.bytes_verified,
+            "duplicates_delivered": r.duplicates_delivered,
+            "goodput_fraction": r.goodput_fraction,
+            "retransmits_per_loss": r.retransmits_per_loss,
+            "failover_stall_rtts": r.failover_stall_rtts,
+            "virtual_time_us": r.virtual_time_us,
+            "data_packets_lost": r.data_packets_lost,
+            "retransmissions": r.retransmissions,
+            "completions": r.completions,
+            "completion_errors": r.completion_errors,
+            "path_failure_detected": r.path_failure_detected,
+            "finished": r.finished,
+            "ok": r.ok(),
+        });
+        writeln!(out, "{v}")?;
+    } else {
+        writeln!(out, "bytes posted          {}", r.bytes_posted)?;
+        writeln!(out, "bytes delivered       {}", r.bytes_delivered)?;
+        writeln!(out, "bytes verified equal  {}", r.bytes_verified)?;
+        writeln!(out, "duplicates delivered  {}", r.duplicates_delivered)?;
+        writeln!(
+            out,
+            "goodput               {:.3} of the link",
+            r.goodput_fraction
+        )?;
+        writeln!(
+            out,
+            "retransmits per loss  {:.3} ({} retransmissions, {} data packets lost)",
+            r.retransmits_per_loss, r.retransmissions, r.data_packets_lost
+        )?;
+        if a.fail_path.is_some() {
+            writeln!(
+                out,
+                "failover stall        {:.1} RTTs (path failure detected: {})",
+                r.failover_stall_rtts, r.path_failure_detected
+            )?;
+        }
+        writeln!(out, "virtual time          {:.1} us", r.virtual_time_us)?;
+        writeln!(
+            out,
+            "completions           {} ({} out of order or failed)",
+            r.completions, r.completion_errors
+        )?;
+        writeln!(
+            out,
+            "result                {}",
+            if r.ok() { "OK" } else { "FAILED" }
+        )?;
+    }
+    Ok(if r.ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }

@@ -165,6 +165,7 @@ struct TxMsg {
 
 #[derive(Debug, Clone, Copy, Default)]
 struct TxPkt {
+    psn: Psn,
     msg: u32,
     idx: u32,
     path: u8,
@@ -195,6 +196,7 @@ struct TxPath {
     timeouts_in_row: u8,
     probe_seq: u32,
     probe_due: Instant,
+    probe_pending: bool,
     probes_unanswered: u8,
     stats: PathStats,
 }
@@ -272,6 +274,8 @@ pub struct Connection<
     retx: [Psn; W],
     retx_head: u32,
     retx_tail: u32,
+    /// When a packet held back after a receiver-not-ready NACK may go again.
+    retx_wake: Option<Instant>,
     paths: [TxPath; P],
     rr: usize,
     tx_streams: [TxStream; S],
@@ -308,6 +312,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             timeouts_in_row: 0,
             probe_seq: 0,
             probe_due: 0,
+            probe_pending: false,
             probes_unanswered: 0,
             stats: PathStats {
                 src_port: entropy_port(cfg.entropy_seed, i as u8, 0),
@@ -339,13 +344,21 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             retx: [Psn::new(0); W],
             retx_head: 0,
             retx_tail: 0,
+            retx_wake: None,
             paths: core::array::from_fn(path),
             rr: 0,
-            tx_streams: [TxStream { next_msn: 0, next_read: 0 }; S],
+            tx_streams: [TxStream {
+                next_msn: 0,
+                next_read: 0,
+            }; S],
             rx_paths: [rx_path; P],
             rx_cum: cfg.peer_initial_psn,
             rx_seen: [false; W],
-            rx_streams: [RxStream { slots: [RecvSlot::default(); Q], posted: 0, completed: 0 }; S],
+            rx_streams: [RxStream {
+                slots: [RecvSlot::default(); Q],
+                posted: 0,
+                completed: 0,
+            }; S],
             nacks: [None; NACK_QUEUE],
             events: [None; Q],
             ev_head: 0,
@@ -410,7 +423,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             WrOp::WriteWithImm(i) => (MsgKind::Write, Some(i), post_inc(&mut ts.next_msn)),
             WrOp::Read => (MsgKind::Read, None, post_inc(&mut ts.next_read)),
         };
-        let npkts = if kind == MsgKind::Read { 1 } else { wr.len.div_ceil(self.cfg.mtu).max(1) };
+        let npkts = if kind == MsgKind::Read {
+            1
+        } else {
+            wr.len.div_ceil(self.cfg.mtu).max(1)
+        };
         self.push_msg(TxMsg {
             wr_id: wr.id,
             kind,
@@ -438,12 +455,19 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 
     /// Posts a receive buffer for the stream's next message.
     pub fn post_recv(&mut self, rr: RecvRequest) -> Result<(), PostError> {
-        let s = self.rx_streams.get_mut(usize::from(rr.stream)).ok_or(PostError::NoSuchStream)?;
+        let s = self
+            .rx_streams
+            .get_mut(usize::from(rr.stream))
+            .ok_or(PostError::NoSuchStream)?;
         if s.posted.wrapping_sub(s.completed) as usize >= Q {
             return Err(PostError::QueueFull);
         }
-        s.slots[s.posted as usize % Q] =
-            RecvSlot { id: rr.id, addr: rr.addr, cap: rr.len, ..RecvSlot::default() };
+        s.slots[s.posted as usize % Q] = RecvSlot {
+            id: rr.id,
+            addr: rr.addr,
+            cap: rr.len,
+            ..RecvSlot::default()
+        };
         s.posted = s.posted.wrapping_add(1);
         Ok(())
     }
@@ -476,8 +500,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 
     fn rto(&self, p: &TxPath) -> u64 {
         let inflight = p.next_seq.diff(p.una) as u32;
-        let base =
-            if inflight <= self.cfg.rto_low_inflight { self.cfg.rto_low } else { self.cfg.rto_high };
+        let base = if inflight <= self.cfg.rto_low_inflight {
+            self.cfg.rto_low
+        } else {
+            self.cfg.rto_high
+        };
         base.max(p.srtt + 4 * p.rttvar)
     }
 
@@ -485,7 +512,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     pub fn poll_timeout(&self) -> Option<Instant> {
         let mut t: Option<Instant> = None;
         let mut at = |x: Instant| t = Some(t.map_or(x, |y| y.min(x)));
-        for (i, p) in self.paths.iter().enumerate().take(usize::from(self.cfg.paths)) {
+        for (i, p) in self
+            .paths
+            .iter()
+            .enumerate()
+            .take(usize::from(self.cfg.paths))
+        {
             if p.una != p.next_seq {
                 let slot = p.una.0 as usize % PATH_RING;
                 at(p.ring_sent[slot] + self.rto(p));
@@ -503,11 +535,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 at(oldest.sent_at + self.cfg.rto_high);
             }
         }
-        let (mut r, end) = (self.retx_head, self.retx_tail);
-        while r != end {
-            let psn = self.retx[r as usize % W];
-            at(self.pkts[psn.get() as usize % W].not_before);
-            r = r.wrapping_add(1);
+        if let Some(w) = self.retx_wake {
+            at(w);
         }
         t
     }
@@ -525,8 +554,17 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             if let Some(d) = self.rx_paths[i].ack_due {
                 if now >= d {
                     self.rx_paths[i].ack_now = true;
+                    self.rx_paths[i].ack_due = None;
                 }
             }
+            let p = &mut self.paths[i];
+            if p.state == PathState::Probing && now >= p.probe_due {
+                p.probe_pending = true;
+                p.probe_due = now + self.cfg.probe_interval;
+            }
+        }
+        if self.retx_wake.is_some_and(|w| now >= w) {
+            self.retx_wake = None;
         }
         // A packet the path layer saw arrive but the peer never accepted (a refusal whose NACK
         // was lost): send it again once the long timeout has passed.
@@ -558,7 +596,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if p.state == PathState::Active && p.timeouts_in_row >= self.cfg.timeouts_to_probe {
             p.state = PathState::Probing;
             p.probes_unanswered = 0;
-            p.probe_due = now;
+            p.probe_pending = true;
+            p.probe_due = now + self.cfg.probe_interval;
         }
     }
 
@@ -660,17 +699,28 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             let pn = slot.take()?;
             self.counters.nacks_sent += 1;
             let bth = self.bth(Opcode::MrNack, pn.psn, 0, false);
-            return self.write_headers(buf, bth, Extensions::MrNack(pn.nack), usize::from(pn.path), 0, 0);
+            return self.write_headers(
+                buf,
+                bth,
+                Extensions::MrNack(pn.nack),
+                usize::from(pn.path),
+                0,
+                0,
+            );
         }
         for i in 0..n {
             let rx = &mut self.rx_paths[i];
             if let Some((seq, ts)) = rx.probe_reply.take() {
-                let probe = MrProbeRepr { path_id: i as u8, probe_seq: seq, timestamp: now as u32, ts_echo: ts };
+                let probe = MrProbeRepr {
+                    path_id: i as u8,
+                    probe_seq: seq,
+                    timestamp: now as u32,
+                    ts_echo: ts,
+                };
                 let bth = self.bth(Opcode::MrProbeReply, Psn::new(0), 0, false);
                 return self.write_headers(buf, bth, Extensions::MrProbe(probe), i, 0, 0);
             }
-            let due = rx.ack_due.is_some_and(|d| now >= d);
-            if rx.ack_now || due {
+            if rx.ack_now {
                 let ack = MrAckRepr {
                     ece: rx.ece,
                     path_id: i as u8,
@@ -693,9 +743,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
         for i in 0..n {
             let p = &mut self.paths[i];
-            if p.state == PathState::Probing && now >= p.probe_due {
+            if p.state == PathState::Probing && p.probe_pending {
+                p.probe_pending = false;
                 p.probe_seq = p.probe_seq.wrapping_add(1);
-                p.probe_due = now + self.cfg.probe_interval;
                 p.probes_unanswered = p.probes_unanswered.saturating_add(1);
                 if p.probes_unanswered > self.cfg.probes_to_fail {
                     // Declare the route dead: new entropy, and keep probing on it.
@@ -709,10 +759,18 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     if first {
                         self.counters.path_failures += 1;
                     }
-                    self.push_event(Event::PathFailed { path: i as u8, new_src_port: port });
+                    self.push_event(Event::PathFailed {
+                        path: i as u8,
+                        new_src_port: port,
+                    });
                 }
                 let p = &self.paths[i];
-                let probe = MrProbeRepr { path_id: i as u8, probe_seq: p.probe_seq, timestamp: now as u32, ts_echo: 0 };
+                let probe = MrProbeRepr {
+                    path_id: i as u8,
+                    probe_seq: p.probe_seq,
+                    timestamp: now as u32,
+                    ts_echo: 0,
+                };
                 self.counters.probes_sent += 1;
                 let bth = self.bth(Opcode::MrProbe, Psn::new(0), 0, false);
                 return self.write_headers(buf, bth, Extensions::MrProbe(probe), i, 0, 0);
@@ -748,7 +806,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             let psn = self.retx[self.retx_head as usize % W];
             let live = self.in_tx_window(psn) && !self.pkts[psn.get() as usize % W].acked;
             if !live {
-                self.pkts[psn.get() as usize % W].queued = false;
+                // A stale entry: clear the flag only if the slot still holds this PSN.
+                let pk = &mut self.pkts[psn.get() as usize % W];
+                if pk.psn == psn {
+                    pk.queued = false;
+                }
                 self.retx_head = self.retx_head.wrapping_add(1);
                 continue;
             }
@@ -790,8 +852,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let idx = msg.next_pkt;
         msg.next_pkt += 1;
         msg.last_psn = Some(psn);
-        self.pkts[psn.get() as usize % W] =
-            TxPkt { msg: found, idx, path: path as u8, ..TxPkt::default() };
+        self.pkts[psn.get() as usize % W] = TxPkt {
+            psn,
+            msg: found,
+            idx,
+            path: path as u8,
+            ..TxPkt::default()
+        };
         self.counters.data_sent += 1;
         self.send_packet(now, buf, psn, path, false)
     }
@@ -822,14 +889,25 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let offset = pk.idx * mtu;
         let (len, opcode) = match msg.kind {
             MsgKind::Read => (0, Opcode::MrReadRequest),
-            MsgKind::ReadResponse => (msg.len.saturating_sub(offset).min(mtu), Opcode::MrReadResponse),
+            MsgKind::ReadResponse => (
+                msg.len.saturating_sub(offset).min(mtu),
+                Opcode::MrReadResponse,
+            ),
             MsgKind::Send => (
                 msg.len.saturating_sub(offset).min(mtu),
-                if msg.imm.is_some() { Opcode::MrSendImm } else { Opcode::MrSend },
+                if msg.imm.is_some() {
+                    Opcode::MrSendImm
+                } else {
+                    Opcode::MrSend
+                },
             ),
             MsgKind::Write => (
                 msg.len.saturating_sub(offset).min(mtu),
-                if msg.imm.is_some() { Opcode::MrWriteImm } else { Opcode::MrWrite },
+                if msg.imm.is_some() {
+                    Opcode::MrWriteImm
+                } else {
+                    Opcode::MrWrite
+                },
             ),
         };
         let data = MrDataRepr {
@@ -842,7 +920,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             msg_len: msg.len,
             timestamp: now as u32,
         };
-        let remote = MrRemoteRepr { va: msg.remote.va, rkey: msg.remote.rkey };
+        let remote = MrRemoteRepr {
+            va: msg.remote.va,
+            rkey: msg.remote.rkey,
+        };
         let ext = match (opcode, msg.imm) {
             (Opcode::MrWrite | Opcode::MrReadRequest, _) => Extensions::MrRemote(data, remote),
             (Opcode::MrWriteImm, Some(i)) => Extensions::MrRemoteImm(data, remote, i),
@@ -859,7 +940,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// Adds the pad and the ICRC to a datagram whose headers came from
     /// [`Connection::poll_transmit`] and whose payload the runner has copied in after them.
     pub fn seal(&self, tx: &Transmit, buf: &mut [u8]) {
-        let Some(datagram) = buf.get_mut(..tx.len) else { return };
+        let Some(datagram) = buf.get_mut(..tx.len) else {
+            return;
+        };
         let pad_at = tx.header_len + tx.payload_len;
         let icrc_at = tx.len - 4;
         datagram[pad_at..icrc_at].fill(0);
@@ -915,7 +998,15 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 Ok(Delivery::Nothing)
             }
             _ => match view.ext.mr_data() {
-                Some(data) => self.on_data(now, ce, &bth, &view.ext, data, view.payload_at, view.payload_len),
+                Some(data) => self.on_data(
+                    now,
+                    ce,
+                    &bth,
+                    &view.ext,
+                    data,
+                    view.payload_at,
+                    view.payload_len,
+                ),
                 None => {
                     self.counters.drop_other += 1;
                     Err(DropReason::UnsupportedOpcode)
@@ -933,12 +1024,24 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let payload_and_pad = body.len().checked_sub(4)?;
         let payload_len = payload_and_pad.checked_sub(usize::from(bth.pad_count))?;
         let icrc_at = d.len() - 4;
-        let stored = u32::from_le_bytes([d[icrc_at], d[icrc_at + 1], d[icrc_at + 2], d[icrc_at + 3]]);
-        let computed = compute_icrc(self.cfg.remote_ip, self.cfg.local_ip, src_port, self.cfg.dst_port, &d[..icrc_at]);
+        let stored =
+            u32::from_le_bytes([d[icrc_at], d[icrc_at + 1], d[icrc_at + 2], d[icrc_at + 3]]);
+        let computed = compute_icrc(
+            self.cfg.remote_ip,
+            self.cfg.local_ip,
+            src_port,
+            self.cfg.dst_port,
+            &d[..icrc_at],
+        );
         if stored != computed {
             return None;
         }
-        Some(Checked { bth, ext, payload_at: d.len() - 4 - payload_and_pad, payload_len })
+        Some(Checked {
+            bth,
+            ext,
+            payload_at: d.len() - 4 - payload_and_pad,
+            payload_len,
+        })
     }
 
     fn on_probe(&mut self, now: Instant, opcode: Opcode, probe: &MrProbeRepr) {
@@ -976,7 +1079,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             self.pkts[idx].acked = false;
             // Forget which transmission this was, so that its ACK cannot mark it delivered.
             self.pkts[idx].path = u8::MAX;
-            self.queue_retx(psn, now + self.cfg.rnr_delay);
+            let wake = now + self.cfg.rnr_delay;
+            self.queue_retx(psn, wake);
+            self.retx_wake = Some(self.retx_wake.map_or(wake, |w| w.min(wake)));
             return;
         }
         if let Some(m) = self.msgs[msg_no as usize % Q].as_mut() {
@@ -1014,10 +1119,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             let raw = self.paths[i].ring_psn[slot];
             if raw != NO_PSN {
                 let d = s.diff(cum);
-                let arrived = d < 0 || (d >= 1 && {
-                    let b = (d - 1) as usize;
-                    b < SACK_BITS && ack.sack[b / 8] & (1 << (b % 8)) != 0
-                });
+                let arrived = d < 0
+                    || (d >= 1 && {
+                        let b = (d - 1) as usize;
+                        b < SACK_BITS && ack.sack[b / 8] & (1 << (b % 8)) != 0
+                    });
                 if arrived {
                     self.paths[i].ring_psn[slot] = NO_PSN;
                     self.paths[i].stats.acked += 1;
@@ -1049,7 +1155,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
         if newly_acked {
             p.timeouts_in_row = 0;
-            let rtt = u64::from((now as u32).wrapping_sub(ack.ts_echo).wrapping_sub(ack.ack_delay));
+            let rtt = u64::from(
+                (now as u32)
+                    .wrapping_sub(ack.ts_echo)
+                    .wrapping_sub(ack.ack_delay),
+            );
             if rtt < 1_000_000_000 {
                 rtt_sample(p, rtt);
             }
@@ -1067,7 +1177,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             let pk = self.pkts[idx];
             self.pkts[idx].acked = true;
             if let Some(m) = self.msgs[pk.msg as usize % Q].as_mut() {
-                if m.last_psn == Some(self.una) && m.next_pkt == m.npkts && m.kind != MsgKind::Read {
+                if m.last_psn == Some(self.una) && m.next_pkt == m.npkts && m.kind != MsgKind::Read
+                {
                     m.done = true;
                 }
             }
@@ -1117,10 +1228,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             let slot = self.msg_head as usize % Q;
             let free = match self.msgs[slot] {
                 None => true,
-                Some(msg) => {
-                    msg.reported
-                        && msg.last_psn.is_none_or(|l| !self.in_tx_window(l))
-                }
+                Some(msg) => msg.reported && msg.last_psn.is_none_or(|l| !self.in_tx_window(l)),
             };
             if !free {
                 break;
@@ -1153,10 +1261,6 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
         let rx = &mut self.rx_paths[i];
         let arrival = rx.sack.insert(PathSeq(data.path_seq));
-        if arrival == Arrival::BeyondWindow {
-            self.counters.drop_out_of_window += 1;
-            return Err(DropReason::PathWindow);
-        }
         rx.ts = data.timestamp;
         rx.ts_at = now;
         rx.unacked += 1;
@@ -1187,7 +1291,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 let Some(remote) = remote_of(ext) else {
                     return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
                 };
-                let addr = match self.regions.check(remote.rkey, remote.va, u64::from(data.msg_len), Access::REMOTE_WRITE) {
+                let addr = match self.regions.check(
+                    remote.rkey,
+                    remote.va,
+                    u64::from(data.msg_len),
+                    Access::REMOTE_WRITE,
+                ) {
                     Ok(base) => base + u64::from(data.msg_offset),
                     Err(reason) => {
                         self.counters.access_violations += 1;
@@ -1200,11 +1309,19 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                         return self.refuse(bth.psn, i, &data, reason, fatal);
                     }
                 }
-                Delivery::Place { addr, offset: payload_at, len: payload_len }
+                Delivery::Place {
+                    addr,
+                    offset: payload_at,
+                    len: payload_len,
+                }
             }
             Opcode::MrSend | Opcode::MrSendImm => {
                 match self.receive_into(&data, payload_len, ext.immdt(), false) {
-                    Ok(addr) => Delivery::Place { addr, offset: payload_at, len: payload_len },
+                    Ok(addr) => Delivery::Place {
+                        addr,
+                        offset: payload_at,
+                        len: payload_len,
+                    },
                     Err(reason) => {
                         let fatal = reason != NackReason::ReceiverNotReady;
                         return self.refuse(bth.psn, i, &data, reason, fatal);
@@ -1215,7 +1332,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 let Some(remote) = remote_of(ext) else {
                     return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
                 };
-                let va = match self.regions.check(remote.rkey, remote.va, u64::from(data.msg_len), Access::REMOTE_READ) {
+                let va = match self.regions.check(
+                    remote.rkey,
+                    remote.va,
+                    u64::from(data.msg_len),
+                    Access::REMOTE_READ,
+                ) {
                     Ok(va) => va,
                     Err(reason) => {
                         self.counters.access_violations += 1;
@@ -1288,7 +1410,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             msn: data.msn,
         };
         if let Some(slot) = self.nacks.iter_mut().find(|s| s.is_none()) {
-            *slot = Some(PendingNack { path: path as u8, psn, nack });
+            *slot = Some(PendingNack {
+                path: path as u8,
+                psn,
+                nack,
+            });
         }
         Ok(Delivery::Nothing)
     }
@@ -1305,7 +1431,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let s = &mut self.rx_streams[usize::from(data.stream_id)];
         let ahead = data.msn.wrapping_sub(s.completed);
         if ahead >= s.posted.wrapping_sub(s.completed) {
-            return Err(if ahead < 1 << 31 { NackReason::ReceiverNotReady } else { NackReason::InvalidRequest });
+            return Err(if ahead < 1 << 31 {
+                NackReason::ReceiverNotReady
+            } else {
+                NackReason::InvalidRequest
+            });
         }
         let slot = &mut s.slots[data.msn as usize % Q];
         if !write_imm && data.msg_len > slot.cap {
@@ -1321,7 +1451,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             slot.imm = imm;
         }
         let addr = slot.addr + u64::from(data.msg_offset);
-        slot.got += if write_imm { payload_len as u32 } else { payload_len as u32 };
+        slot.got += if write_imm {
+            payload_len as u32
+        } else {
+            payload_len as u32
+        };
         if slot.got == slot.msg_len {
             slot.done = true;
             self.complete_receives(usize::from(data.stream_id));
@@ -1343,7 +1477,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             self.push_event(Event::Completion(Completion {
                 id: slot.id,
                 status: slot.status.map_or(Status::Success, Status::Refused),
-                kind: if slot.write_imm { CompletionKind::RecvWriteImm } else { CompletionKind::Recv },
+                kind: if slot.write_imm {
+                    CompletionKind::RecvWriteImm
+                } else {
+                    CompletionKind::Recv
+                },
                 byte_len: slot.msg_len,
                 imm: slot.imm,
                 stream: stream as u16,
@@ -1351,12 +1489,21 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
     }
 
-    fn read_response(&mut self, data: &MrDataRepr, payload_at: usize, payload_len: usize) -> Delivery {
+    fn read_response(
+        &mut self,
+        data: &MrDataRepr,
+        payload_at: usize,
+        payload_len: usize,
+    ) -> Delivery {
         let mut m = self.msg_head;
         while m != self.msg_tail {
             let slot = m as usize % Q;
             if let Some(msg) = self.msgs[slot].as_mut() {
-                if msg.kind == MsgKind::Read && msg.stream == data.stream_id && msg.msn == data.msn && !msg.done {
+                if msg.kind == MsgKind::Read
+                    && msg.stream == data.stream_id
+                    && msg.msn == data.msn
+                    && !msg.done
+                {
                     if u64::from(data.msg_offset) + payload_len as u64 > u64::from(msg.len) {
                         return Delivery::Nothing;
                     }
@@ -1366,7 +1513,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                         msg.done = true;
                         self.complete_in_order();
                     }
-                    return Delivery::Place { addr, offset: payload_at, len: payload_len };
+                    return Delivery::Place {
+                        addr,
+                        offset: payload_at,
+                        len: payload_len,
+                    };
                 }
             }
             m = m.wrapping_add(1);
@@ -1413,7 +1564,13 @@ fn rtt_sample(p: &mut TxPath, rtt: u64) {
 /// The ICRC of a datagram sent over UDP from `src` to `dst`: computed over the canonical IP
 /// header a UDP socket cannot see (IPv4: identification 0, DF set; IPv6: no extension headers)
 /// and the UDP header, so that both ends agree without reading each other's IP headers.
-pub fn compute_icrc(src: IpAddr, dst: IpAddr, src_port: u16, dst_port: u16, transport: &[u8]) -> u32 {
+pub fn compute_icrc(
+    src: IpAddr,
+    dst: IpAddr,
+    src_port: u16,
+    dst_port: u16,
+    transport: &[u8],
+) -> u32 {
     let udp_len = (8 + transport.len() + 4) as u16;
     let mut udp = [0u8; 8];
     udp[..2].copy_from_slice(&src_port.to_be_bytes());

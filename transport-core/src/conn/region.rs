@@ -77,14 +77,22 @@ impl<const R: usize> RegionTable<R> {
         if self.slots.iter().flatten().any(|r| r.key == region.key) {
             return Err(RegionError::DuplicateKey(region.key));
         }
-        let slot = self.slots.iter_mut().find(|s| s.is_none()).ok_or(RegionError::TableFull)?;
+        let slot = self
+            .slots
+            .iter_mut()
+            .find(|s| s.is_none())
+            .ok_or(RegionError::TableFull)?;
         *slot = Some(region);
         Ok(())
     }
 
     /// Removes the region with `key`; returns whether there was one.
     pub fn deregister(&mut self, key: u32) -> bool {
-        match self.slots.iter_mut().find(|s| s.is_some_and(|r| r.key == key)) {
+        match self
+            .slots
+            .iter_mut()
+            .find(|s| s.is_some_and(|r| r.key == key))
+        {
             Some(slot) => {
                 *slot = None;
                 true
@@ -95,8 +103,12 @@ impl<const R: usize> RegionTable<R> {
 
     /// Checks an access of `len` bytes at `va` with `key` needing `need`; returns `va` when allowed.
     pub fn check(&self, key: u32, va: u64, len: u64, need: Access) -> Result<u64, NackReason> {
-        let region =
-            self.slots.iter().flatten().find(|r| r.key == key).ok_or(NackReason::InvalidRkey)?;
+        let region = self
+            .slots
+            .iter()
+            .flatten()
+            .find(|r| r.key == key)
+            .ok_or(NackReason::InvalidRkey)?;
         let end = va.checked_add(len).ok_or(NackReason::OutOfBounds)?;
         if va < region.base || end > region.base + region.len {
             return Err(NackReason::OutOfBounds);
@@ -116,27 +128,72 @@ mod tests {
     fn checks_key_bounds_overflow_and_rights() {
         let mut t = RegionTable::<2>::default();
         let rw = Access::REMOTE_WRITE.union(Access::LOCAL_WRITE);
-        t.register(Region { key: 7, base: 0x1000, len: 0x100, access: rw }).unwrap();
+        t.register(Region {
+            key: 7,
+            base: 0x1000,
+            len: 0x100,
+            access: rw,
+        })
+        .unwrap();
         assert_eq!(t.check(7, 0x1000, 0x100, Access::REMOTE_WRITE), Ok(0x1000));
-        assert_eq!(t.check(8, 0x1000, 1, Access::REMOTE_WRITE), Err(NackReason::InvalidRkey));
-        assert_eq!(t.check(7, 0x1001, 0x100, Access::REMOTE_WRITE), Err(NackReason::OutOfBounds));
-        assert_eq!(t.check(7, 0xfff, 1, Access::REMOTE_WRITE), Err(NackReason::OutOfBounds));
-        assert_eq!(t.check(7, u64::MAX, 2, Access::REMOTE_WRITE), Err(NackReason::OutOfBounds));
-        assert_eq!(t.check(7, 0x1000, 1, Access::REMOTE_READ), Err(NackReason::AccessDenied));
         assert_eq!(
-            t.register(Region { key: 7, base: 0, len: 1, access: rw }),
+            t.check(8, 0x1000, 1, Access::REMOTE_WRITE),
+            Err(NackReason::InvalidRkey)
+        );
+        assert_eq!(
+            t.check(7, 0x1001, 0x100, Access::REMOTE_WRITE),
+            Err(NackReason::OutOfBounds)
+        );
+        assert_eq!(
+            t.check(7, 0xfff, 1, Access::REMOTE_WRITE),
+            Err(NackReason::OutOfBounds)
+        );
+        assert_eq!(
+            t.check(7, u64::MAX, 2, Access::REMOTE_WRITE),
+            Err(NackReason::OutOfBounds)
+        );
+        assert_eq!(
+            t.check(7, 0x1000, 1, Access::REMOTE_READ),
+            Err(NackReason::AccessDenied)
+        );
+        assert_eq!(
+            t.register(Region {
+                key: 7,
+                base: 0,
+                len: 1,
+                access: rw
+            }),
             Err(RegionError::DuplicateKey(7))
         );
         assert_eq!(
-            t.register(Region { key: 9, base: u64::MAX, len: 2, access: rw }),
+            t.register(Region {
+                key: 9,
+                base: u64::MAX,
+                len: 2,
+                access: rw
+            }),
             Err(RegionError::Overflow)
         );
-        t.register(Region { key: 9, base: 0, len: 1, access: rw }).unwrap();
+        t.register(Region {
+            key: 9,
+            base: 0,
+            len: 1,
+            access: rw,
+        })
+        .unwrap();
         assert_eq!(
-            t.register(Region { key: 10, base: 0, len: 1, access: rw }),
+            t.register(Region {
+                key: 10,
+                base: 0,
+                len: 1,
+                access: rw
+            }),
             Err(RegionError::TableFull)
         );
         assert!(t.deregister(7));
-        assert_eq!(t.check(7, 0x1000, 1, Access::REMOTE_WRITE), Err(NackReason::InvalidRkey));
+        assert_eq!(
+            t.check(7, 0x1000, 1, Access::REMOTE_WRITE),
+            Err(NackReason::InvalidRkey)
+        );
     }
 }

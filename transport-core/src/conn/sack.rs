@@ -14,8 +14,9 @@ pub enum Arrival {
     AboveGap,
     /// It had arrived before.
     Duplicate,
-    /// Too far ahead to track (more than 256 above the cumulative point): dropped.
-    BeyondWindow,
+    /// Far ahead: the window slid forward to it, giving up on the oldest missing numbers (the
+    /// sender, whose window on a path is below 256 packets, has already resolved them).
+    Slid,
 }
 
 /// Arrivals on one path: everything below `cum` and the set bits above it.
@@ -30,7 +31,10 @@ pub struct SackBitmap {
 impl SackBitmap {
     /// A bitmap expecting `first` next.
     pub const fn new(first: PathSeq) -> Self {
-        SackBitmap { cum: first, bits: [0; SACK_BITS / 64] }
+        SackBitmap {
+            cum: first,
+            bits: [0; SACK_BITS / 64],
+        }
     }
 
     /// The first sequence number not yet arrived.
@@ -63,7 +67,25 @@ impl SackBitmap {
             return Arrival::Duplicate;
         }
         if d > SACK_BITS as i32 {
-            return Arrival::BeyondWindow;
+            // Slide so that `seq` becomes the last position the bitvector covers.
+            let mut skip = (d - SACK_BITS as i32) as u32;
+            while skip > 0 {
+                let n = skip.min(63);
+                self.shift(n);
+                self.cum = self.cum.add(n);
+                skip -= n;
+            }
+            // Settle the new cumulative point on the first number not yet arrived.
+            while self.bits[0] & 1 != 0 {
+                self.shift(1);
+                self.cum = self.cum.add(1);
+            }
+            let i = (seq.diff(self.cum) - 1) as usize;
+            if seq.diff(self.cum) <= 0 {
+                return Arrival::Slid;
+            }
+            self.bits[i / 64] |= 1 << (i % 64);
+            return Arrival::Slid;
         }
         if d == 0 {
             // Advance past `seq` and past whatever had been waiting just above it.
@@ -122,9 +144,16 @@ mod tests {
         assert_eq!(s.cumulative(), PathSeq(14));
         assert!(!s.has_gap());
         assert_eq!(s.insert(PathSeq(5)), Arrival::Duplicate);
-        assert_eq!(s.insert(PathSeq(14 + 257)), Arrival::BeyondWindow);
         assert_eq!(s.insert(PathSeq(14 + 256)), Arrival::AboveGap);
         assert!(s.contains(PathSeq(14 + 256)));
+        // Far ahead: the window slides, giving up on 14 and 15.
+        assert_eq!(s.insert(PathSeq(14 + 258)), Arrival::Slid);
+        assert!(s.contains(PathSeq(14 + 258)));
+        assert_eq!(s.cumulative(), PathSeq(16));
+        assert!(s.contains(PathSeq(14 + 256)));
+        assert_eq!(s.insert(PathSeq(10_000)), Arrival::Slid);
+        assert_eq!(s.cumulative(), PathSeq(10_000 - 256));
+        assert!(s.contains(PathSeq(10_000)) && !s.contains(PathSeq(9_999)));
     }
 
     #[test]

@@ -179,8 +179,6 @@ pub enum DropReason {
     WrongPkey,
     /// Its PSN lies outside the receive window.
     OutOfWindow,
-    /// Its path sequence lies beyond the path's 256-packet window.
-    PathWindow,
     /// It names a path this connection does not have.
     UnknownPath,
     /// Already received.

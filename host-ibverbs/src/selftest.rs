@@ -1,0 +1,535 @@
+//! A two-endpoint harness: two connections over a seeded virtual link in virtual time, with loss,
+//! reordering, duplication, corruption and delay per path, and optionally a path that dies. It
+//! moves real bytes between two memories and verifies every one of them.
+//!
+//! The link follows ECMP: each UDP source port is a route; packets of one route keep their order
+//! (a delayed packet delays those behind it), packets of different routes overtake each other.
+//! A failed route drops everything sent on it, in both directions; a path that moves to a new
+//! source port moves to a new route.
+
+use crate::gen::Rng;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::net::{IpAddr, Ipv4Addr};
+use transport_core::conn::{
+    Access, CompletionKind, Config, Connection, Delivery, Event, RecvRequest, Region, RemoteAddr,
+    Status, WorkRequest, WrOp,
+};
+use transport_core::wire::{Opcode, Psn, Qpn};
+
+/// Paths at most.
+pub const MAX_PATHS: usize = 64;
+const W: usize = 4096;
+const S: usize = 4;
+const Q: usize = 64;
+const R: usize = 4;
+type Conn = Connection<MAX_PATHS, W, S, Q, R>;
+
+/// Which operations the workload uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ops {
+    /// Writes only (the goodput measurement).
+    Write,
+    /// Writes, Writes with immediate, Sends, Sends with immediate and Reads on several streams.
+    Mixed,
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct SelftestConfig {
+    /// Payload bytes to move.
+    pub bytes: u64,
+    /// Paths per connection.
+    pub paths: u8,
+    /// Probability that a packet is lost.
+    pub loss: f64,
+    /// Probability that a packet is delayed by up to `jitter_ns` (reordering across routes).
+    pub reorder: f64,
+    /// Probability that a packet is delivered twice.
+    pub dup: f64,
+    /// Probability that a packet has a byte flipped (the ICRC catches it).
+    pub corrupt: f64,
+    /// Seed of everything random.
+    pub seed: u64,
+    /// A path whose route dies.
+    pub fail_path: Option<u8>,
+    /// When it dies, ns.
+    pub fail_at_ns: u64,
+    /// Link rate in Gb/s, each direction.
+    pub link_gbps: f64,
+    /// One-way propagation delay, ns.
+    pub delay_ns: u64,
+    /// Extra delay of a reordered packet, at most, ns.
+    pub jitter_ns: u64,
+    /// The first PSN each end sends (to test the wrap).
+    pub initial_psn: u32,
+    /// The workload.
+    pub ops: Ops,
+    /// Packets in flight per path.
+    pub window_per_path: u32,
+}
+
+impl Default for SelftestConfig {
+    fn default() -> Self {
+        SelftestConfig {
+            bytes: 64 << 20,
+            paths: 16,
+            loss: 0.0,
+            reorder: 0.0,
+            dup: 0.0,
+            corrupt: 0.0,
+            seed: 1,
+            fail_path: None,
+            fail_at_ns: 2_000_000,
+            link_gbps: 100.0,
+            delay_ns: 2_000,
+            jitter_ns: 4_000,
+            initial_psn: 0,
+            ops: Ops::Write,
+            window_per_path: 16,
+        }
+    }
+}
+
+/// What happened.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SelftestReport {
+    /// Payload bytes posted.
+    pub bytes_posted: u64,
+    /// Payload bytes placed, counted once per byte.
+    pub bytes_delivered: u64,
+    /// Bytes found equal at the end.
+    pub bytes_verified: u64,
+    /// Placements of data that had already been placed.
+    pub duplicates_delivered: u64,
+    /// Payload bytes per unit of link capacity over the run.
+    pub goodput_fraction: f64,
+    /// Retransmissions per data packet the link lost.
+    pub retransmits_per_loss: f64,
+    /// The longest pause in delivery after the path failure, in base RTTs (0 without a failure).
+    pub failover_stall_rtts: f64,
+    /// Virtual time at the last completion, microseconds.
+    pub virtual_time_us: f64,
+    /// Data packets the link lost (dropped, corrupted or on a dead route).
+    pub data_packets_lost: u64,
+    /// Retransmissions sent.
+    pub retransmissions: u64,
+    /// Work requests completed with success.
+    pub completions: u64,
+    /// Completions out of order within a stream, or with an error status.
+    pub completion_errors: u64,
+    /// Whether the failed path was declared failed (when one failed).
+    pub path_failure_detected: bool,
+    /// Whether everything completed before the time limit.
+    pub finished: bool,
+}
+
+impl SelftestReport {
+    /// Whether every byte arrived exactly once and equal, and every completion was in order.
+    pub fn ok(&self) -> bool {
+        self.finished
+            && self.bytes_delivered == self.bytes_posted
+            && self.bytes_verified == self.bytes_posted
+            && self.duplicates_delivered == 0
+            && self.completion_errors == 0
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Msg {
+    op: WrOp,
+    stream: u16,
+    offset: u64,
+    len: u32,
+}
+
+const BASE_A: u64 = 0x1000_0000;
+const BASE_B: u64 = 0x9000_0000;
+const KEY_B: u32 = 0xb0b;
+
+struct Endpoint {
+    conn: Box<Conn>,
+    /// Source data (A) or the responder's readable data (B).
+    src: Vec<u8>,
+    /// Destination of Writes and Sends (B) or of Reads (A).
+    dst: Vec<u8>,
+    link_free: u64,
+    wake: Option<u64>,
+}
+
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct Arrival {
+    at: u64,
+    seq: u64,
+    to_b: bool,
+    src_port: u16,
+    bytes: Vec<u8>,
+}
+
+/// Runs the harness.
+pub fn run(cfg: &SelftestConfig) -> SelftestReport {
+    let mut rng = Rng::new(cfg.seed);
+    let size = cfg.bytes as usize;
+    let ip_a = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+    let ip_b = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
+    let mk = |local, remote, lq, rq, seed, psn: u32, peer: u32| {
+        let mut c = Config::new(local, remote, Qpn::new(lq), Qpn::new(rq));
+        c.paths = cfg.paths;
+        c.entropy_seed = seed;
+        c.initial_psn = Psn::new(psn);
+        c.peer_initial_psn = Psn::new(peer);
+        c.window_per_path = cfg.window_per_path;
+        c
+    };
+    let psn0 = cfg.initial_psn;
+    let mut a = Endpoint {
+        conn: Box::new(Conn::new(mk(
+            ip_a,
+            ip_b,
+            0x11,
+            0x22,
+            cfg.seed as u32,
+            psn0,
+            psn0,
+        ))),
+        src: (0..size).map(|_| rng.next_u64() as u8).collect(),
+        dst: vec![0; size],
+        link_free: 0,
+        wake: Some(0),
+    };
+    let mut b = Endpoint {
+        conn: Box::new(Conn::new(mk(
+            ip_b,
+            ip_a,
+            0x22,
+            0x11,
+            cfg.seed as u32 ^ 0x5555,
+            psn0,
+            psn0,
+        ))),
+        src: (0..size).map(|_| rng.next_u64() as u8).collect(),
+        dst: vec![0; size],
+        link_free: 0,
+        wake: None,
+    };
+    let all = Access::REMOTE_WRITE
+        .union(Access::REMOTE_READ)
+        .union(Access::LOCAL_WRITE);
+    // B exposes one region covering both of its buffers: dst at BASE_B, src right after.
+    b.conn
+        .register(Region {
+            key: KEY_B,
+            base: BASE_B,
+            len: 2 * size as u64,
+            access: all,
+        })
+        .expect("register");
+
+    // The workload: messages covering [0, size) in order, with their operations and streams.
+    let mut plan = Vec::new();
+    let mut off = 0u64;
+    while off < cfg.bytes {
+        let len = (16_384 + rng.below(1 << 20)).min(cfg.bytes - off) as u32;
+        let (op, stream) = match cfg.ops {
+            Ops::Write => (WrOp::Write, 0),
+            Ops::Mixed => {
+                let op = match rng.below(5) {
+                    0 => WrOp::Write,
+                    1 => WrOp::WriteWithImm(rng.next_u64() as u32),
+                    2 => WrOp::Send,
+                    3 => WrOp::SendWithImm(rng.next_u64() as u32),
+                    _ => WrOp::Read,
+                };
+                (op, rng.below(S as u64) as u16)
+            }
+        };
+        plan.push(Msg {
+            op,
+            stream,
+            offset: off,
+            len,
+        });
+        off += u64::from(len);
+    }
+
+    let rate_bytes_per_ns = cfg.link_gbps / 8.0;
+    let ser = |len: usize| ((len + 66) as f64 / rate_bytes_per_ns).ceil() as u64;
+    let base_rtt = 2 * cfg.delay_ns + ser(cfg.window_per_path as usize) + ser(4096 + 52);
+    let mut report = SelftestReport {
+        bytes_posted: cfg.bytes,
+        ..Default::default()
+    };
+    let mut heap: BinaryHeap<Reverse<Arrival>> = BinaryHeap::new();
+    let mut route_last: HashMap<(bool, u16), u64> = HashMap::new();
+    let mut dead_ports: Vec<(bool, u16)> = Vec::new();
+    let mut failed = cfg.fail_path.is_none();
+    let mut placed: HashMap<u64, u32> = HashMap::new(); // destination address -> length
+    let mut next_post = 0usize;
+    let mut in_flight = 0usize;
+    let mut expected_next: HashMap<(bool, u16), u64> = HashMap::new();
+    let mut posted_ids: Vec<(bool, u16, u64)> = Vec::new();
+    let mut last_delivery = 0u64;
+    let mut max_gap_after_fail = 0u64;
+    let mut now = 0u64;
+    let mut seq = 0u64;
+    let mut buf = vec![0u8; 4096 + 256];
+    let mut done_at = 0u64;
+    let limit = 10_000_000_000u64; // 10 s of virtual time
+
+    loop {
+        // Kill the route of the failing path at its time.
+        if !failed && now >= cfg.fail_at_ns {
+            let p = usize::from(cfg.fail_path.unwrap_or(0));
+            if let (Some(sa), Some(sb)) = (a.conn.path_stats(p), b.conn.path_stats(p)) {
+                dead_ports.push((true, sa.src_port));
+                dead_ports.push((false, sb.src_port));
+            }
+            failed = true;
+            last_delivery = now;
+        }
+        // Post work while there is room.
+        while next_post < plan.len() && in_flight < Q / 2 {
+            let m = plan[next_post];
+            let id = next_post as u64;
+            let remote = match m.op {
+                WrOp::Read => RemoteAddr {
+                    va: BASE_B + size as u64 + m.offset,
+                    rkey: KEY_B,
+                },
+                _ => RemoteAddr {
+                    va: BASE_B + m.offset,
+                    rkey: KEY_B,
+                },
+            };
+            let local_addr = match m.op {
+                WrOp::Read => BASE_A + size as u64 + m.offset,
+                _ => BASE_A + m.offset,
+            };
+            if matches!(
+                m.op,
+                WrOp::Send | WrOp::SendWithImm(_) | WrOp::WriteWithImm(_)
+            ) {
+                let rr = RecvRequest {
+                    id,
+                    stream: m.stream,
+                    addr: BASE_B + m.offset,
+                    len: m.len,
+                };
+                if b.conn.post_recv(rr).is_err() {
+                    break;
+                }
+                posted_ids.push((false, m.stream, id));
+            }
+            let wr = WorkRequest {
+                id,
+                op: m.op,
+                stream: m.stream,
+                local_addr,
+                len: m.len,
+                remote,
+            };
+            if a.conn.post(now, wr).is_err() {
+                break;
+            }
+            posted_ids.push((true, m.stream, id));
+            next_post += 1;
+            in_flight += 1;
+            a.wake = Some(now);
+        }
+        // Completions.
+        for (is_a, ep) in [(true, &mut a), (false, &mut b)] {
+            while let Some(ev) = ep.conn.poll_event() {
+                match ev {
+                    Event::Completion(c) => {
+                        let requester = matches!(
+                            c.kind,
+                            CompletionKind::Send | CompletionKind::Write | CompletionKind::Read
+                        );
+                        let exp = expected_next.entry((is_a, c.stream)).or_insert(0);
+                        // In order within a stream: ids of one stream on one side increase.
+                        if c.id < *exp || c.status != Status::Success {
+                            report.completion_errors += 1;
+                        }
+                        *exp = c.id + 1;
+                        if requester && is_a {
+                            report.completions += 1;
+                            in_flight -= 1;
+                            done_at = now;
+                        }
+                    }
+                    Event::PathFailed { path, .. } => {
+                        if Some(path) == cfg.fail_path && is_a {
+                            report.path_failure_detected = true;
+                        }
+                    }
+                    Event::PathRestored { .. } => {}
+                }
+            }
+        }
+        if report.completions as usize == plan.len() {
+            report.finished = true;
+            break;
+        }
+        // Transmit.
+        for (is_a, ep) in [(true, &mut a), (false, &mut b)] {
+            while ep.wake.is_some_and(|w| w <= now) && ep.link_free <= now {
+                let Some(tx) = ep.conn.poll_transmit(now, &mut buf) else {
+                    ep.wake = None;
+                    break;
+                };
+                if tx.payload_len > 0 {
+                    let (mem, base) = local_memory(ep, is_a, tx.payload_addr, size);
+                    let at = (tx.payload_addr - base) as usize;
+                    buf[tx.header_len..tx.header_len + tx.payload_len]
+                        .copy_from_slice(&mem[at..at + tx.payload_len]);
+                }
+                ep.conn.seal(&tx, &mut buf);
+                let bytes = buf[..tx.len].to_vec();
+                ep.link_free = now + ser(tx.len);
+                ep.wake = Some(ep.link_free);
+                // The link.
+                let data = Opcode::from_u8(bytes[0]).is_metaroce() && bytes[0] < 0xe0;
+                let dead = dead_ports.contains(&(is_a, tx.src_port));
+                let lost = dead || rng.chance_f(cfg.loss);
+                let corrupt = !lost && rng.chance_f(cfg.corrupt);
+                if data && (lost || corrupt) {
+                    report.data_packets_lost += 1;
+                }
+                if lost {
+                    continue;
+                }
+                let mut bytes = bytes;
+                if corrupt {
+                    let i = rng.below(bytes.len() as u64) as usize;
+                    bytes[i] ^= 1 << rng.below(8);
+                }
+                let mut at = ep.link_free + cfg.delay_ns;
+                if rng.chance_f(cfg.reorder) {
+                    at += rng.below(cfg.jitter_ns + 1);
+                }
+                let last = route_last.entry((is_a, tx.src_port)).or_insert(0);
+                at = at.max(*last);
+                *last = at;
+                let copies = if rng.chance_f(cfg.dup) { 2 } else { 1 };
+                for c in 0..copies {
+                    seq += 1;
+                    heap.push(Reverse(Arrival {
+                        at: at + c,
+                        seq,
+                        to_b: is_a,
+                        src_port: tx.src_port,
+                        bytes: bytes.clone(),
+                    }));
+                }
+            }
+        }
+        // Next instant.
+        let mut next = u64::MAX;
+        if let Some(Reverse(x)) = heap.peek() {
+            next = next.min(x.at);
+        }
+        for ep in [&a, &b] {
+            if let Some(t) = ep.conn.poll_timeout() {
+                next = next.min(t.max(now));
+            }
+            if let Some(w) = ep.wake {
+                next = next.min(w.max(ep.link_free).max(now));
+            }
+        }
+        if !failed {
+            next = next.min(cfg.fail_at_ns);
+        }
+        if next == u64::MAX || next > limit {
+            break;
+        }
+        now = next;
+        // Arrivals due now.
+        while heap.peek().is_some_and(|Reverse(x)| x.at <= now) {
+            let Reverse(x) = heap.pop().expect("peeked");
+            let ep = if x.to_b { &mut b } else { &mut a };
+            let is_a = !x.to_b;
+            if let Ok(Delivery::Place { addr, offset, len }) =
+                ep.conn.handle_datagram(now, x.src_port, false, &x.bytes)
+            {
+                let (mem, base) = local_memory_mut(ep, is_a, size);
+                let at = (addr - base) as usize;
+                mem[at..at + len].copy_from_slice(&x.bytes[offset..offset + len]);
+                if placed.insert(addr, len as u32).is_some() {
+                    report.duplicates_delivered += 1;
+                } else {
+                    report.bytes_delivered += len as u64;
+                }
+                if failed && cfg.fail_path.is_some() {
+                    max_gap_after_fail = max_gap_after_fail.max(now - last_delivery);
+                }
+                last_delivery = now;
+            }
+            ep.wake = Some(now);
+        }
+        for ep in [&mut a, &mut b] {
+            if ep.conn.poll_timeout().is_some_and(|t| t <= now) {
+                ep.conn.handle_timeout(now);
+                ep.wake = Some(now);
+            }
+        }
+    }
+
+    // Verify.
+    for m in &plan {
+        let r = m.offset as usize..(m.offset + u64::from(m.len)) as usize;
+        let equal = match m.op {
+            WrOp::Read => a.dst[r.clone()]
+                .iter()
+                .zip(&b.src[r])
+                .filter(|(x, y)| x == y)
+                .count(),
+            _ => b.dst[r.clone()]
+                .iter()
+                .zip(&a.src[r])
+                .filter(|(x, y)| x == y)
+                .count(),
+        };
+        report.bytes_verified += equal as u64;
+    }
+    let _ = posted_ids;
+    if std::env::var_os("METAROCE_SELFTEST_DEBUG").is_some() {
+        eprintln!("A {:?}", a.conn.counters());
+        eprintln!("B {:?}", b.conn.counters());
+    }
+    report.retransmissions = a.conn.counters().retransmitted + b.conn.counters().retransmitted;
+    report.retransmits_per_loss = if report.data_packets_lost == 0 {
+        0.0
+    } else {
+        report.retransmissions as f64 / report.data_packets_lost as f64
+    };
+    let t = done_at.max(1);
+    report.virtual_time_us = t as f64 / 1000.0;
+    report.goodput_fraction = report.bytes_delivered as f64 / (t as f64 * rate_bytes_per_ns);
+    if cfg.fail_path.is_some() {
+        report.failover_stall_rtts = max_gap_after_fail as f64 / base_rtt as f64;
+    }
+    report
+}
+
+/// The memory behind a local address: A sends from `src` (at BASE_A) and receives Read data
+/// into `dst` (after it); B receives Writes and Sends into `dst` (at BASE_B) and serves Reads
+/// from `src` (after it).
+fn local_memory(ep: &Endpoint, is_a: bool, addr: u64, size: usize) -> (&[u8], u64) {
+    let base = if is_a { BASE_A } else { BASE_B };
+    let upper = addr >= base + size as u64;
+    match (is_a, upper) {
+        (true, false) => (&ep.src, base),
+        (true, true) => (&ep.dst, base + size as u64),
+        (false, false) => (&ep.dst, base),
+        (false, true) => (&ep.src, base + size as u64),
+    }
+}
+
+/// The memory placements land in (see [`local_memory`]).
+fn local_memory_mut(ep: &mut Endpoint, is_a: bool, size: usize) -> (&mut [u8], u64) {
+    if is_a {
+        (&mut ep.dst, BASE_A + size as u64)
+    } else {
+        (&mut ep.dst, BASE_B)
+    }
+}
