@@ -1,0 +1,352 @@
+//! What a peer may touch: only memory it was granted (key, bounds, rights), only on its own
+//! connection (QPN, P_Key, window). Violations become NACKs and counters, never writes, and the
+//! connection goes on. Floods stay bounded.
+
+mod common;
+
+use common::{Pair, BASE, MEM};
+use transport_core::conn::{
+    compute_icrc, Access, CompletionKind, Delivery, DropReason, Event, RecvRequest, Region,
+    RemoteAddr, Status, WorkRequest, WrOp,
+};
+use transport_core::wire::metaroce::{MrDataRepr, MrRemoteRepr, NackReason};
+use transport_core::wire::{BthRepr, Extensions, Opcode, Psn, Qpn};
+
+const KEY: u32 = 0x77;
+
+fn grant(p: &mut Pair, access: Access, base: u64, len: u64) {
+    p.b.conn
+        .register(Region {
+            key: KEY,
+            base,
+            len,
+            access,
+        })
+        .unwrap();
+}
+
+fn write(id: u64, local: u64, len: u32, va: u64, rkey: u32) -> WorkRequest {
+    WorkRequest {
+        id,
+        op: WrOp::Write,
+        stream: 0,
+        local_addr: local,
+        len,
+        remote: RemoteAddr { va, rkey },
+    }
+}
+
+fn completions(events: &[Event]) -> Vec<transport_core::conn::Completion> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Completion(c) => Some(*c),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_granted_write_lands_and_completes() {
+    let mut p = Pair::new();
+    grant(&mut p, Access::REMOTE_WRITE, BASE, MEM as u64);
+    p.a.conn
+        .post(0, write(1, BASE, 5000, BASE + 100, KEY))
+        .unwrap();
+    p.settle();
+    assert!(p.b.mem[100..5100] == p.a.mem[..5000]);
+    let c = completions(&p.a.events);
+    assert_eq!(c.len(), 1);
+    assert_eq!(
+        (c[0].id, c[0].status, c[0].kind),
+        (1, Status::Success, CompletionKind::Write)
+    );
+}
+
+#[test]
+fn wrong_key_bounds_overflow_and_rights_are_refused_and_nothing_is_written() {
+    for (name, va, rkey, len, access, reason) in [
+        (
+            "unknown rkey",
+            BASE,
+            KEY + 1,
+            100,
+            Access::REMOTE_WRITE,
+            NackReason::InvalidRkey,
+        ),
+        (
+            "past the end",
+            BASE + MEM as u64 - 50,
+            KEY,
+            100,
+            Access::REMOTE_WRITE,
+            NackReason::OutOfBounds,
+        ),
+        (
+            "below the start",
+            BASE - 1,
+            KEY,
+            100,
+            Access::REMOTE_WRITE,
+            NackReason::OutOfBounds,
+        ),
+        (
+            "address overflow",
+            u64::MAX - 10,
+            KEY,
+            100,
+            Access::REMOTE_WRITE,
+            NackReason::OutOfBounds,
+        ),
+        (
+            "read-only region",
+            BASE,
+            KEY,
+            100,
+            Access::REMOTE_READ,
+            NackReason::AccessDenied,
+        ),
+    ] {
+        let mut p = Pair::new();
+        grant(&mut p, access, BASE, MEM as u64);
+        let before = p.b.mem.clone();
+        p.a.conn.post(0, write(1, BASE, len, va, rkey)).unwrap();
+        // The connection goes on: a good write after the bad one.
+        grant_more(&mut p);
+        p.a.conn.post(0, write(2, BASE, 64, BASE2, KEY2)).unwrap();
+        p.settle();
+        let c = completions(&p.a.events);
+        assert_eq!(c.len(), 2, "{name}: {c:?}");
+        assert_eq!(c[0].status, Status::Refused(reason), "{name}");
+        assert_eq!(c[1].status, Status::Success, "{name}");
+        assert_eq!(p.b.conn.counters().access_violations, 1, "{name}");
+        assert_eq!(p.b.conn.counters().nacks_sent, 1, "{name}");
+        // Only the good write touched memory.
+        let changed: Vec<usize> = (0..MEM).filter(|&i| p.b.mem[i] != before[i]).collect();
+        assert!(
+            changed
+                .iter()
+                .all(|&i| (BASE2 - BASE) as usize <= i && i < (BASE2 - BASE) as usize + 64),
+            "{name}: wrote outside the grant"
+        );
+    }
+}
+
+const KEY2: u32 = 0x99;
+const BASE2: u64 = BASE + 0x8_0000;
+
+fn grant_more(p: &mut Pair) {
+    p.b.conn
+        .register(Region {
+            key: KEY2,
+            base: BASE2,
+            len: 4096,
+            access: Access::REMOTE_WRITE,
+        })
+        .unwrap();
+}
+
+/// A forged data packet: a Write of 8 bytes at `va` with `rkey`, from path 0.
+fn forged(qpn: u32, pkey: u16, psn: u32, va: u64, rkey: u32) -> (u16, Vec<u8>) {
+    let cfg = common::config(1, 2);
+    let port = transport_core::conn::entropy_port(cfg.entropy_seed, 0, 0);
+    let bth = BthRepr {
+        opcode: Opcode::MrWrite,
+        solicited: false,
+        mig_req: false,
+        pad_count: 0,
+        tver: 0,
+        pkey,
+        fecn: false,
+        becn: false,
+        dest_qp: Qpn::new(qpn),
+        ack_req: false,
+        psn: Psn::new(psn),
+    };
+    let data = MrDataRepr {
+        path_id: 0,
+        path_seq: 0,
+        msg_len: 8,
+        ..Default::default()
+    };
+    let ext = Extensions::MrRemote(data, MrRemoteRepr { va, rkey });
+    let mut buf = vec![0u8; 128];
+    let rest = bth.emit(&mut buf).unwrap();
+    let n = 12 + ext.len();
+    ext.emit(bth.opcode.layout(), rest).unwrap();
+    buf[n..n + 8].copy_from_slice(&[0xee; 8]);
+    let icrc = compute_icrc(cfg.local_ip, cfg.remote_ip, port, 4791, &buf[..n + 8]);
+    buf[n + 8..n + 12].copy_from_slice(&icrc.to_le_bytes());
+    buf.truncate(n + 12);
+    (port, buf)
+}
+
+#[test]
+fn forged_qpn_pkey_window_and_corruption_are_dropped_and_counted() {
+    let mut p = Pair::new();
+    grant(&mut p, Access::REMOTE_WRITE, BASE, MEM as u64);
+    let before = p.b.mem.clone();
+    let (port, bytes) = forged(3, 0xffff, 0, BASE, KEY);
+    assert_eq!(p.deliver(true, port, &bytes), Err(DropReason::WrongQp));
+    let (port, bytes) = forged(2, 0x1234, 0, BASE, KEY);
+    assert_eq!(p.deliver(true, port, &bytes), Err(DropReason::WrongPkey));
+    let (port, bytes) = forged(2, 0xffff, 100_000, BASE, KEY);
+    assert_eq!(p.deliver(true, port, &bytes), Err(DropReason::OutOfWindow));
+    let (port, mut bytes) = forged(2, 0xffff, 0, BASE, KEY);
+    bytes[20] ^= 1;
+    assert_eq!(p.deliver(true, port, &bytes), Err(DropReason::Malformed));
+    assert_eq!(
+        p.deliver(true, port, &bytes[..10]),
+        Err(DropReason::Malformed)
+    );
+    assert!(p.b.mem == before, "a dropped packet wrote memory");
+    let c = p.b.conn.counters();
+    assert_eq!(
+        (
+            c.drop_wrong_qp,
+            c.drop_wrong_pkey,
+            c.drop_out_of_window,
+            c.drop_malformed
+        ),
+        (1, 1, 1, 2)
+    );
+    // A well-formed packet from the right peer is placed, once.
+    let (port, bytes) = forged(2, 0xffff, 0, BASE + 8, KEY);
+    assert!(
+        matches!(p.deliver(true, port, &bytes), Ok(Delivery::Place { addr, len: 8, .. }) if addr == BASE + 8)
+    );
+    assert_eq!(p.deliver(true, port, &bytes), Err(DropReason::Duplicate));
+    assert_eq!(p.b.conn.counters().duplicates, 1);
+}
+
+#[test]
+fn a_flood_from_an_unknown_peer_leaves_the_real_peer_served_and_memory_bounded() {
+    let mut p = Pair::new();
+    grant(&mut p, Access::REMOTE_WRITE, BASE, MEM as u64);
+    for i in 0..100_000u32 {
+        // Unknown peers: other connection numbers, or this one with a foreign partition key.
+        let (qpn, pkey) = if i % 2 == 0 {
+            (3 + (i % 5), 0xffff)
+        } else {
+            (2, 0x1000 + (i % 0x1000) as u16)
+        };
+        let (port, bytes) = forged(qpn, pkey, i * 7919, BASE, KEY);
+        let _ = p.deliver(true, port, &bytes);
+        let mut junk = bytes.clone();
+        let at = (i as usize) % junk.len();
+        junk[at] ^= 0x40;
+        let _ = p.deliver(true, port.wrapping_add(1), &junk);
+    }
+    // NACKs are bounded by their queue; nothing grew.
+    p.transmit();
+    assert!(
+        p.wire.len() <= 16 + 4,
+        "{} datagrams queued after the flood",
+        p.wire.len()
+    );
+    p.wire.clear();
+    // The real peer is still served.
+    let mut q = Pair::new();
+    std::mem::swap(&mut q.b, &mut p.b);
+    q.a.conn
+        .post(0, write(1, BASE, 3000, BASE + 0x1000, KEY))
+        .unwrap();
+    q.settle();
+    let c = completions(&q.a.events);
+    assert_eq!(c.last().map(|c| c.status), Some(Status::Success), "{c:?}");
+    assert!(
+        q.b.mem[0x1000..0x1000 + 3000] == q.a.mem[..3000],
+        "the real peer's write did not land"
+    );
+    let c = q.b.conn.counters();
+    assert!(
+        c.drop_wrong_qp + c.drop_wrong_pkey >= 100_000 && c.drop_malformed >= 90_000,
+        "{c:?}"
+    );
+}
+
+#[test]
+fn sends_match_receives_by_msn_and_overlong_sends_are_refused() {
+    let mut p = Pair::new();
+    p.b.conn
+        .post_recv(RecvRequest {
+            id: 10,
+            stream: 1,
+            addr: BASE,
+            len: 4000,
+        })
+        .unwrap();
+    p.b.conn
+        .post_recv(RecvRequest {
+            id: 11,
+            stream: 1,
+            addr: BASE + 8192,
+            len: 100,
+        })
+        .unwrap();
+    p.b.conn
+        .post_recv(RecvRequest {
+            id: 12,
+            stream: 1,
+            addr: BASE + 16384,
+            len: 100,
+        })
+        .unwrap();
+    let send = |id, len, op| WorkRequest {
+        id,
+        op,
+        stream: 1,
+        local_addr: BASE,
+        len,
+        remote: RemoteAddr::default(),
+    };
+    p.a.conn
+        .post(0, send(1, 3000, WrOp::SendWithImm(0xabcd)))
+        .unwrap();
+    p.a.conn.post(0, send(2, 200, WrOp::Send)).unwrap(); // too long for receive 11
+    p.a.conn.post(0, send(3, 50, WrOp::Send)).unwrap();
+    let before = p.b.mem.clone();
+    p.settle();
+    assert!(p.b.mem[..3000] == p.a.mem[..3000]);
+    assert!(
+        p.b.mem[8192..8292] == before[8192..8292],
+        "the refused send wrote something"
+    );
+    assert!(p.b.mem[16384..16434] == p.a.mem[..50]);
+    let ca = completions(&p.a.events);
+    assert_eq!(
+        ca.iter().map(|c| c.status).collect::<Vec<_>>(),
+        [
+            Status::Success,
+            Status::Refused(NackReason::MessageTooLong),
+            Status::Success
+        ]
+    );
+    let cb = completions(&p.b.events);
+    assert_eq!(cb[0].id, 10);
+    assert_eq!(cb[0].imm, Some(0xabcd));
+    assert_eq!(cb[0].byte_len, 3000);
+}
+
+#[test]
+fn reads_need_read_rights() {
+    let mut p = Pair::new();
+    grant(&mut p, Access::REMOTE_READ, BASE, 4096);
+    let read = |id, va| WorkRequest {
+        id,
+        op: WrOp::Read,
+        stream: 0,
+        local_addr: BASE + 0x4_0000,
+        len: 2000,
+        remote: RemoteAddr { va, rkey: KEY },
+    };
+    p.a.conn.post(0, read(1, BASE + 10)).unwrap();
+    p.a.conn.post(0, read(2, BASE + 3000)).unwrap(); // runs past the region
+    p.settle();
+    assert!(p.a.mem[0x4_0000..0x4_0000 + 2000] == p.b.mem[10..2010]);
+    let c = completions(&p.a.events);
+    assert_eq!(
+        c.iter().map(|c| c.status).collect::<Vec<_>>(),
+        [Status::Success, Status::Refused(NackReason::OutOfBounds)]
+    );
+}
