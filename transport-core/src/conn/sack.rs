@@ -67,36 +67,23 @@ impl SackBitmap {
             return Arrival::Duplicate;
         }
         if d > SACK_BITS as i32 {
-            // Slide so that `seq` becomes the last position the bitvector covers.
-            let mut skip = (d - SACK_BITS as i32) as u32;
-            while skip > 0 {
-                let n = skip.min(63);
-                self.shift(n);
-                self.cum = self.cum.add(n);
-                skip -= n;
+            if d > 2 * SACK_BITS as i32 {
+                // The whole window is passed: nothing in it survives.
+                self.bits = [0; SACK_BITS / 64];
+                self.cum = seq.add((SACK_BITS as u32).wrapping_neg());
             }
-            // Settle the new cumulative point on the first number not yet arrived.
-            while self.bits[0] & 1 != 0 {
-                self.shift(1);
-                self.cum = self.cum.add(1);
+            // Give up on missing numbers one at a time (each step also absorbs whatever had
+            // arrived just above) until `seq` fits.
+            while seq.diff(self.cum) > SACK_BITS as i32 {
+                self.advance();
             }
             let i = (seq.diff(self.cum) - 1) as usize;
-            if seq.diff(self.cum) <= 0 {
-                return Arrival::Slid;
-            }
             self.bits[i / 64] |= 1 << (i % 64);
             return Arrival::Slid;
         }
         if d == 0 {
-            // Advance past `seq` and past whatever had been waiting just above it.
-            loop {
-                let next_present = self.bits[0] & 1 != 0;
-                self.shift(1);
-                self.cum = self.cum.add(1);
-                if !next_present {
-                    return Arrival::InOrder;
-                }
-            }
+            self.advance();
+            return Arrival::InOrder;
         }
         let i = (d - 1) as usize;
         let (w, b) = (i / 64, i % 64);
@@ -105,6 +92,19 @@ impl SackBitmap {
         }
         self.bits[w] |= 1 << b;
         Arrival::AboveGap
+    }
+
+    /// Moves the cumulative point past its number (arrived or given up) and past whatever had
+    /// arrived right above it.
+    fn advance(&mut self) {
+        loop {
+            let next_present = self.bits[0] & 1 != 0;
+            self.shift(1);
+            self.cum = self.cum.add(1);
+            if !next_present {
+                return;
+            }
+        }
     }
 
     /// Shifts the bitvector down by `n` bits (0 < n < 64).
