@@ -73,7 +73,7 @@ if ! command -v cargo-fuzz >/dev/null; then
 fi
 if command -v cargo-fuzz >/dev/null; then
   crashes=0
-  for t in frame mr_data mr_ack mr_nack mr_probe; do
+  for t in frame mr_data mr_ack mr_nack mr_probe conn_pair; do
     work=$(mktemp -d)
     cp -r "fuzz/corpus/$t/." "$work/"
     status=0
