@@ -18,7 +18,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
-    fn sack_bitmap_matches_a_set(start in any::<u32>(), offsets in prop::collection::vec(0u32..300, 0..400)) {
+    fn sack_bitmap_matches_a_set(start in any::<u32>(), offsets in prop::collection::vec(0u32..600, 0..700)) {
         let mut s = SackBitmap::new(PathSeq(start));
         let mut arrived: BTreeSet<u32> = BTreeSet::new(); // offsets from start
         let mut given_up = 0u32; // everything below this offset counts as arrived or abandoned

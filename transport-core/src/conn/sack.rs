@@ -77,8 +77,15 @@ impl SackBitmap {
             while seq.diff(self.cum) > SACK_BITS as i32 {
                 self.advance();
             }
-            let i = (seq.diff(self.cum) - 1) as usize;
-            self.bits[i / 64] |= 1 << (i % 64);
+            // Absorbing arrivals may have brought the cumulative point up to `seq` itself.
+            match seq.diff(self.cum) {
+                0 => self.advance(),
+                d2 if d2 > 0 => {
+                    let i = (d2 - 1) as usize;
+                    self.bits[i / 64] |= 1 << (i % 64);
+                }
+                _ => {}
+            }
             return Arrival::Slid;
         }
         if d == 0 {
@@ -154,6 +161,18 @@ mod tests {
         assert_eq!(s.insert(PathSeq(10_000)), Arrival::Slid);
         assert_eq!(s.cumulative(), PathSeq(10_000 - 256));
         assert!(s.contains(PathSeq(10_000)) && !s.contains(PathSeq(9_999)));
+    }
+
+    #[test]
+    fn sliding_onto_a_full_window() {
+        // 256 arrivals above a hole, then one more: giving up the hole absorbs them all.
+        let mut s = SackBitmap::new(PathSeq(0));
+        for seq in 1..=256 {
+            assert_eq!(s.insert(PathSeq(seq)), Arrival::AboveGap);
+        }
+        assert_eq!(s.insert(PathSeq(257)), Arrival::Slid);
+        assert_eq!(s.cumulative(), PathSeq(258));
+        assert!(!s.has_gap());
     }
 
     #[test]
