@@ -358,6 +358,8 @@ fn run_selftest(a: &SelftestArgs) -> io::Result<ExitCode> {
             "completions": r.completions,
             "completion_errors": r.completion_errors,
             "path_failure_detected": r.path_failure_detected,
+            "atomics": r.atomics,
+            "atomics_exact": r.atomics_exact,
             "finished": r.finished,
             "ok": r.ok(),
         });
@@ -382,6 +384,13 @@ fn run_selftest(a: &SelftestArgs) -> io::Result<ExitCode> {
                 out,
                 "failover stall        {:.1} RTTs (path failure detected: {})",
                 r.failover_stall_rtts, r.path_failure_detected
+            )?;
+        }
+        if r.atomics > 0 {
+            writeln!(
+                out,
+                "fetch-and-adds        {} (exactly once: {})",
+                r.atomics, r.atomics_exact
             )?;
         }
         writeln!(out, "virtual time          {:.1} us", r.virtual_time_us)?;

@@ -122,6 +122,11 @@ pub struct SelftestReport {
     pub path_failure_detected: bool,
     /// Whether everything completed before the time limit.
     pub finished: bool,
+    /// Fetch-and-add operations performed (mixed workload).
+    pub atomics: u64,
+    /// Whether every counter ended at the number of its fetch-and-adds and every original value
+    /// came back exactly once (true when there were none).
+    pub atomics_exact: bool,
 }
 
 impl SelftestReport {
@@ -132,6 +137,7 @@ impl SelftestReport {
             && self.bytes_verified == self.bytes_posted
             && self.duplicates_delivered == 0
             && self.completion_errors == 0
+            && self.atomics_exact
     }
 }
 
@@ -146,6 +152,9 @@ struct Msg {
 const BASE_A: u64 = 0x1000_0000;
 const BASE_B: u64 = 0x9000_0000;
 const KEY_B: u32 = 0xb0b;
+const KEY_ATOM: u32 = 0xa70;
+/// Counters B exposes to fetch-and-add.
+const COUNTERS: usize = 8;
 
 struct Endpoint {
     conn: Box<Conn>,
@@ -155,6 +164,8 @@ struct Endpoint {
     dst: Vec<u8>,
     link_free: u64,
     wake: Option<u64>,
+    /// B: the counters; A: the original values returned, 8 bytes per work request.
+    atom: Vec<u8>,
 }
 
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
@@ -208,6 +219,7 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
         dst: vec![0; size],
         link_free: 0,
         wake: Some(0),
+        atom: Vec::new(),
     };
     let mut b = Endpoint {
         conn: Box::new(Conn::new(mk(
@@ -223,6 +235,7 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
         dst: vec![0; size],
         link_free: 0,
         wake: None,
+        atom: vec![0; 8 * COUNTERS],
     };
     let all = Access::REMOTE_WRITE
         .union(Access::REMOTE_READ)
@@ -236,6 +249,15 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
             access: all,
         })
         .expect("register");
+    let atom_base = BASE_B + 2 * size as u64;
+    b.conn
+        .register(Region {
+            key: KEY_ATOM,
+            base: atom_base,
+            len: 8 * COUNTERS as u64,
+            access: Access::REMOTE_ATOMIC,
+        })
+        .expect("register counters");
 
     // The workload: messages covering [0, size) in order, with their operations and streams.
     let mut plan = Vec::new();
@@ -262,7 +284,18 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
             len,
         });
         off += u64::from(len);
+        if cfg.ops == Ops::Mixed && rng.below(3) == 0 {
+            let stream = rng.below(S as u64) as u16;
+            plan.push(Msg {
+                op: WrOp::FetchAdd(1),
+                stream,
+                offset: 0,
+                len: 8,
+            });
+        }
     }
+    a.atom = vec![0; 8 * plan.len()];
+    let res_base = BASE_A + 2 * size as u64;
 
     let rate_bytes_per_ns = cfg.link_gbps / 8.0;
     let ser = |len: usize| ((len + 66) as f64 / rate_bytes_per_ns).ceil() as u64;
@@ -308,6 +341,10 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
                     va: BASE_B + size as u64 + m.offset,
                     rkey: KEY_B,
                 },
+                WrOp::FetchAdd(_) => RemoteAddr {
+                    va: atom_base + 8 * (id % COUNTERS as u64),
+                    rkey: KEY_ATOM,
+                },
                 _ => RemoteAddr {
                     va: BASE_B + m.offset,
                     rkey: KEY_B,
@@ -315,6 +352,7 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
             };
             let local_addr = match m.op {
                 WrOp::Read => BASE_A + size as u64 + m.offset,
+                WrOp::FetchAdd(_) => res_base + 8 * id,
                 _ => BASE_A + m.offset,
             };
             if matches!(
@@ -355,7 +393,10 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
                     Event::Completion(c) => {
                         let requester = matches!(
                             c.kind,
-                            CompletionKind::Send | CompletionKind::Write | CompletionKind::Read
+                            CompletionKind::Send
+                                | CompletionKind::Write
+                                | CompletionKind::Read
+                                | CompletionKind::Atomic
                         );
                         let exp = expected_next.entry((is_a, c.stream)).or_insert(0);
                         // In order within a stream: ids of one stream on one side increase.
@@ -460,9 +501,29 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
             let Reverse(x) = heap.pop().expect("peeked");
             let ep = if x.to_b { &mut b } else { &mut a };
             let is_a = !x.to_b;
-            if let Ok(Delivery::Place { addr, offset, len }) =
-                ep.conn.handle_datagram(now, x.src_port, false, &x.bytes)
+            let delivery = ep.conn.handle_datagram(now, x.src_port, false, &x.bytes);
+            if let Ok(Delivery::Atomic {
+                addr,
+                compare,
+                swap_add,
+            }) = delivery
             {
+                let at = (addr - atom_base) as usize;
+                let orig = u64::from_ne_bytes(ep.atom[at..at + 8].try_into().expect("8 bytes"));
+                let new = match compare {
+                    Some(c) if c == orig => swap_add,
+                    Some(_) => orig,
+                    None => orig.wrapping_add(swap_add),
+                };
+                ep.atom[at..at + 8].copy_from_slice(&new.to_ne_bytes());
+                ep.conn.atomic_result(orig);
+                report.atomics += 1;
+            }
+            if let Ok(Delivery::Value { addr, value }) = delivery {
+                let at = (addr - res_base) as usize;
+                ep.atom[at..at + 8].copy_from_slice(&value.to_ne_bytes());
+            }
+            if let Ok(Delivery::Place { addr, offset, len }) = delivery {
                 let (mem, base) = local_memory_mut(ep, is_a, size);
                 let at = (addr - base) as usize;
                 mem[at..at + len].copy_from_slice(&x.bytes[offset..offset + len]);
@@ -486,8 +547,21 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
         }
     }
 
-    // Verify.
-    for m in &plan {
+    // Verify: each counter ends at the number of its fetch-and-adds, and the original values
+    // returned for it are exactly 0, 1, ..., n - 1.
+    let mut per_counter: Vec<Vec<u64>> = vec![Vec::new(); COUNTERS];
+    for (id, m) in plan.iter().enumerate() {
+        if matches!(m.op, WrOp::FetchAdd(_)) {
+            let v = u64::from_ne_bytes(a.atom[8 * id..8 * id + 8].try_into().expect("8 bytes"));
+            per_counter[id % COUNTERS].push(v);
+        }
+    }
+    report.atomics_exact = per_counter.iter_mut().enumerate().all(|(c, origs)| {
+        origs.sort_unstable();
+        let count = u64::from_ne_bytes(b.atom[8 * c..8 * c + 8].try_into().expect("8 bytes"));
+        count == origs.len() as u64 && origs.iter().enumerate().all(|(i, v)| *v == i as u64)
+    });
+    for m in plan.iter().filter(|m| !matches!(m.op, WrOp::FetchAdd(_))) {
         let r = m.offset as usize..(m.offset + u64::from(m.len)) as usize;
         let equal = match m.op {
             WrOp::Read => a.dst[r.clone()]

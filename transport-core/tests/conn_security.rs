@@ -350,3 +350,100 @@ fn reads_need_read_rights() {
         [Status::Success, Status::Refused(NackReason::OutOfBounds)]
     );
 }
+
+#[test]
+fn atomics_compare_swap_and_fetch_add_with_rights() {
+    let mut p = Pair::new();
+    let target = BASE + 0x100;
+    p.b.mem[0x100..0x108].copy_from_slice(&41u64.to_ne_bytes());
+    p.b.conn
+        .register(Region {
+            key: KEY,
+            base: BASE,
+            len: 0x1000,
+            access: Access::REMOTE_ATOMIC,
+        })
+        .unwrap();
+    p.b.conn
+        .register(Region {
+            key: KEY2,
+            base: BASE2,
+            len: 0x1000,
+            access: Access::REMOTE_WRITE,
+        })
+        .unwrap();
+    let atomic = |id, op, va, rkey| WorkRequest {
+        id,
+        op,
+        stream: 0,
+        local_addr: BASE + 0x8000 + 8 * id,
+        len: 8,
+        remote: RemoteAddr { va, rkey },
+    };
+    p.a.conn
+        .post(0, atomic(1, WrOp::FetchAdd(1), target, KEY))
+        .unwrap();
+    p.a.conn
+        .post(
+            0,
+            atomic(
+                2,
+                WrOp::CompareSwap {
+                    compare: 42,
+                    swap: 7,
+                },
+                target,
+                KEY,
+            ),
+        )
+        .unwrap();
+    p.a.conn
+        .post(
+            0,
+            atomic(
+                3,
+                WrOp::CompareSwap {
+                    compare: 42,
+                    swap: 9,
+                },
+                target,
+                KEY,
+            ),
+        )
+        .unwrap();
+    p.a.conn
+        .post(0, atomic(4, WrOp::FetchAdd(1), BASE2, KEY2))
+        .unwrap(); // no atomic rights
+    assert_eq!(
+        p.a.conn
+            .post(0, atomic(5, WrOp::FetchAdd(1), target + 4, KEY)),
+        Err(transport_core::conn::PostError::Misaligned)
+    );
+    p.settle();
+    let value = |mem: &[u8], at: usize| u64::from_ne_bytes(mem[at..at + 8].try_into().unwrap());
+    assert_eq!(
+        value(&p.b.mem, 0x100),
+        7,
+        "41 + 1 = 42, swapped for 7, then no match"
+    );
+    assert_eq!(value(&p.a.mem, 0x8008), 41);
+    assert_eq!(value(&p.a.mem, 0x8010), 42);
+    assert_eq!(value(&p.a.mem, 0x8018), 7);
+    let c = completions(&p.a.events);
+    assert_eq!(
+        c.iter()
+            .map(|c| (c.id, c.status, c.kind))
+            .collect::<Vec<_>>(),
+        [
+            (1, Status::Success, CompletionKind::Atomic),
+            (2, Status::Success, CompletionKind::Atomic),
+            (3, Status::Success, CompletionKind::Atomic),
+            (
+                4,
+                Status::Refused(NackReason::AccessDenied),
+                CompletionKind::Atomic
+            ),
+        ]
+    );
+    assert_eq!(p.b.conn.counters().access_violations, 1);
+}

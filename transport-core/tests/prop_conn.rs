@@ -99,7 +99,7 @@ enum Step {
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        2 => (0u8..6, 0u16..3, 0u32..6000, 0u32..(MEM as u32)).prop_map(|(op, stream, len, offset)| Step::Post { op, stream, len, offset }),
+        2 => (0u8..7, 0u16..3, 0u32..6000, 0u32..(MEM as u32)).prop_map(|(op, stream, len, offset)| Step::Post { op, stream, len, offset }),
         1 => (0u16..3, 0u32..6000).prop_map(|(stream, len)| Step::Recv { stream, len }),
         6 => (any::<usize>(), 0u8..10, any::<usize>()).prop_map(|(pick, fate, byte)| Step::Deliver { pick, fate, byte }),
         1 => (1u32..500).prop_map(|us| Step::Tick { us }),
@@ -117,7 +117,7 @@ proptest! {
     #[test]
     fn random_operations_over_a_hostile_wire(steps in prop::collection::vec(step(), 1..300)) {
         let mut p = Pair::new();
-        p.b.conn.register(Region { key: KEY, base: GRANT_BASE, len: GRANT_LEN, access: Access::REMOTE_WRITE.union(Access::REMOTE_READ) }).unwrap();
+        p.b.conn.register(Region { key: KEY, base: GRANT_BASE, len: GRANT_LEN, access: Access::REMOTE_WRITE.union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC) }).unwrap();
         p.a.conn.register(Region { key: KEY, base: BASE, len: MEM as u64, access: Access::LOCAL_WRITE }).unwrap();
         let mut completed: HashSet<(bool, u64)> = HashSet::new();
         let mut next_id = 1u64;
@@ -125,7 +125,9 @@ proptest! {
         for s in steps {
             match s {
                 Step::Post { op, stream, len, offset } => {
-                    let op = [WrOp::Write, WrOp::WriteWithImm(7), WrOp::Send, WrOp::SendWithImm(9), WrOp::Read, WrOp::Write][op as usize];
+                    let op = [WrOp::Write, WrOp::WriteWithImm(7), WrOp::Send, WrOp::SendWithImm(9), WrOp::Read, WrOp::FetchAdd(3), WrOp::CompareSwap { compare: 0, swap: 1 }][op as usize];
+                    let len = if matches!(op, WrOp::FetchAdd(_) | WrOp::CompareSwap { .. }) { 8 } else { len };
+                    let offset = if matches!(op, WrOp::FetchAdd(_) | WrOp::CompareSwap { .. }) { offset & !7 } else { offset };
                     // Remote addresses anywhere in B's memory and beyond: some inside the grant, some not.
                     let va = BASE + u64::from(offset);
                     let wr = WorkRequest { id: next_id, op, stream, local_addr: BASE, len: len.min(MEM as u32 / 8), remote: RemoteAddr { va, rkey: KEY } };

@@ -35,7 +35,7 @@ use crate::icrc;
 use crate::wire::metaroce::{
     MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr, NackReason, SACK_BITS,
 };
-use crate::wire::{BthRepr, Extensions, Opcode, Psn, Qpn};
+use crate::wire::{AtomicAckEthRepr, AtomicEthRepr, BthRepr, Extensions, Opcode, Psn, Qpn};
 use core::net::IpAddr;
 
 /// Slots of a path's in-flight ring: one per bit of the SACK bitvector.
@@ -145,6 +145,8 @@ enum MsgKind {
     Write,
     Read,
     ReadResponse,
+    Atomic,
+    AtomicResponse,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -161,6 +163,8 @@ struct TxMsg {
     next_pkt: u32,
     last_psn: Option<Psn>,
     resp_bytes: u32,
+    /// Atomic: (swap or add value, compare value, is compare-and-swap); response: (original, _, _).
+    atomic: (u64, u64, bool),
     done: bool,
     status: Status,
     reported: bool,
@@ -247,6 +251,15 @@ struct TxStream {
 }
 
 #[derive(Debug, Clone, Copy)]
+struct PendingAtomic {
+    stream: u16,
+    msn: u32,
+    psn: Psn,
+    path: u8,
+    path_seq: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
 struct PendingNack {
     path: u8,
     psn: Psn,
@@ -288,6 +301,7 @@ pub struct Connection<
     rx_seen: [bool; W],
     rx_streams: [RxStream<Q>; S],
     nacks: [Option<PendingNack>; NACK_QUEUE],
+    pending_atomic: Option<PendingAtomic>,
     events: [Option<Event>; Q],
     ev_head: u32,
     ev_tail: u32,
@@ -363,6 +377,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 completed: 0,
             }; S],
             nacks: [None; NACK_QUEUE],
+            pending_atomic: None,
             events: [None; Q],
             ev_head: 0,
             ev_tail: 0,
@@ -415,8 +430,15 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if self.msg_tail.wrapping_sub(self.msg_head) as usize >= Q {
             return Err(PostError::QueueFull);
         }
-        if wr.len > 1 << 31 || (wr.len == 0 && matches!(wr.op, WrOp::Read)) {
+        let is_atomic = matches!(wr.op, WrOp::CompareSwap { .. } | WrOp::FetchAdd(_));
+        if wr.len > 1 << 31
+            || (wr.len == 0 && matches!(wr.op, WrOp::Read))
+            || (is_atomic && wr.len != 8)
+        {
             return Err(PostError::BadLength);
+        }
+        if is_atomic && (wr.remote.va % 8 != 0 || wr.local_addr % 8 != 0) {
+            return Err(PostError::Misaligned);
         }
         let ts = &mut self.tx_streams[stream];
         let (kind, imm, msn) = match wr.op {
@@ -425,8 +447,16 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             WrOp::Write => (MsgKind::Write, None, ts.next_msn),
             WrOp::WriteWithImm(i) => (MsgKind::Write, Some(i), post_inc(&mut ts.next_msn)),
             WrOp::Read => (MsgKind::Read, None, post_inc(&mut ts.next_read)),
+            WrOp::CompareSwap { .. } | WrOp::FetchAdd(_) => {
+                (MsgKind::Atomic, None, post_inc(&mut ts.next_read))
+            }
         };
-        let npkts = if kind == MsgKind::Read {
+        let atomic = match wr.op {
+            WrOp::CompareSwap { compare, swap } => (swap, compare, true),
+            WrOp::FetchAdd(add) => (add, 0, false),
+            _ => (0, 0, false),
+        };
+        let npkts = if matches!(kind, MsgKind::Read | MsgKind::Atomic) {
             1
         } else {
             wr.len.div_ceil(self.cfg.mtu).max(1)
@@ -444,6 +474,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             next_pkt: 0,
             last_psn: None,
             resp_bytes: 0,
+            atomic,
             done: false,
             status: Status::Success,
             reported: false,
@@ -892,6 +923,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let offset = pk.idx * mtu;
         let (len, opcode) = match msg.kind {
             MsgKind::Read => (0, Opcode::MrReadRequest),
+            MsgKind::Atomic if msg.atomic.2 => (0, Opcode::MrCompareSwap),
+            MsgKind::Atomic => (0, Opcode::MrFetchAdd),
+            MsgKind::AtomicResponse => (0, Opcode::MrAtomicResponse),
             MsgKind::ReadResponse => (
                 msg.len.saturating_sub(offset).min(mtu),
                 Opcode::MrReadResponse,
@@ -931,6 +965,18 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             (Opcode::MrWrite | Opcode::MrReadRequest, _) => Extensions::MrRemote(data, remote),
             (Opcode::MrWriteImm, Some(i)) => Extensions::MrRemoteImm(data, remote, i),
             (Opcode::MrSendImm, Some(i)) => Extensions::MrDataImm(data, i),
+            (Opcode::MrCompareSwap | Opcode::MrFetchAdd, _) => Extensions::MrAtomic(
+                data,
+                AtomicEthRepr {
+                    va: msg.remote.va,
+                    rkey: msg.remote.rkey,
+                    swap_add: msg.atomic.0,
+                    compare: msg.atomic.1,
+                },
+            ),
+            (Opcode::MrAtomicResponse, _) => {
+                Extensions::MrAtomicAck(data, AtomicAckEthRepr { orig: msg.atomic.0 })
+            }
             _ => Extensions::MrData(data),
         };
         let pad = ((4 - len % 4) % 4) as u8;
@@ -971,6 +1017,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         ce: bool,
         datagram: &[u8],
     ) -> Result<Delivery, DropReason> {
+        self.abandon_atomic();
         let Some(view) = self.check_datagram(src_port, datagram) else {
             self.counters.drop_malformed += 1;
             return Err(DropReason::Malformed);
@@ -1182,7 +1229,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             let pk = self.pkts[idx];
             self.pkts[idx].acked = true;
             if let Some(m) = self.msgs[pk.msg as usize % Q].as_mut() {
-                if m.last_psn == Some(self.una) && m.next_pkt == m.npkts && m.kind != MsgKind::Read
+                if m.last_psn == Some(self.una)
+                    && m.next_pkt == m.npkts
+                    && !matches!(m.kind, MsgKind::Read | MsgKind::Atomic)
                 {
                     m.done = true;
                 }
@@ -1211,7 +1260,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     MsgKind::Send => Some(CompletionKind::Send),
                     MsgKind::Write => Some(CompletionKind::Write),
                     MsgKind::Read => Some(CompletionKind::Read),
-                    MsgKind::ReadResponse => None,
+                    MsgKind::Atomic => Some(CompletionKind::Atomic),
+                    MsgKind::ReadResponse | MsgKind::AtomicResponse => None,
                 };
                 if let Some(kind) = kind {
                     self.push_event(Event::Completion(Completion {
@@ -1365,6 +1415,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     next_pkt: 0,
                     last_psn: None,
                     resp_bytes: 0,
+                    atomic: (0, 0, false),
                     done: false,
                     status: Status::Success,
                     reported: false,
@@ -1372,6 +1423,41 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 Delivery::Nothing
             }
             Opcode::MrReadResponse => self.read_response(&data, payload_at, payload_len),
+            Opcode::MrCompareSwap | Opcode::MrFetchAdd => {
+                let Extensions::MrAtomic(_, a) = *ext else {
+                    return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
+                };
+                if a.va % 8 != 0 {
+                    return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
+                }
+                let addr = match self.regions.check(a.rkey, a.va, 8, Access::REMOTE_ATOMIC) {
+                    Ok(addr) => addr,
+                    Err(reason) => {
+                        self.counters.access_violations += 1;
+                        return self.refuse(bth.psn, i, &data, reason, true);
+                    }
+                };
+                if self.msg_tail.wrapping_sub(self.msg_head) as usize >= Q {
+                    return self.refuse(bth.psn, i, &data, NackReason::ReceiverNotReady, false);
+                }
+                self.pending_atomic = Some(PendingAtomic {
+                    stream: data.stream_id,
+                    msn: data.msn,
+                    psn: bth.psn,
+                    path: i as u8,
+                    path_seq: data.path_seq,
+                });
+                let compare = (bth.opcode == Opcode::MrCompareSwap).then_some(a.compare);
+                Delivery::Atomic {
+                    addr,
+                    compare,
+                    swap_add: a.swap_add,
+                }
+            }
+            Opcode::MrAtomicResponse => match *ext {
+                Extensions::MrAtomicAck(_, orig) => self.atomic_response(&data, orig.orig),
+                _ => Delivery::Nothing,
+            },
             _ => {
                 self.counters.drop_other += 1;
                 return Err(DropReason::UnsupportedOpcode);
@@ -1488,6 +1574,71 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 stream: stream as u16,
             }));
         }
+    }
+
+    /// Reports the original value of the atomic the last [`Delivery::Atomic`] asked for; the
+    /// response goes back to the requester reliably.
+    pub fn atomic_result(&mut self, orig: u64) {
+        let Some(p) = self.pending_atomic.take() else {
+            return;
+        };
+        self.push_msg(TxMsg {
+            wr_id: 0,
+            kind: MsgKind::AtomicResponse,
+            imm: None,
+            stream: p.stream,
+            msn: p.msn,
+            local_addr: 0,
+            len: 8,
+            remote: RemoteAddr::default(),
+            npkts: 1,
+            next_pkt: 0,
+            last_psn: None,
+            resp_bytes: 0,
+            atomic: (orig, 0, false),
+            done: false,
+            status: Status::Success,
+            reported: false,
+        });
+    }
+
+    /// An atomic the runner was asked to perform but never reported: refuse it.
+    fn abandon_atomic(&mut self) {
+        if let Some(p) = self.pending_atomic.take() {
+            let data = MrDataRepr {
+                path_seq: p.path_seq,
+                stream_id: p.stream,
+                msn: p.msn,
+                ..MrDataRepr::default()
+            };
+            let _ = self.refuse(
+                p.psn,
+                usize::from(p.path),
+                &data,
+                NackReason::RemoteOperational,
+                true,
+            );
+        }
+    }
+
+    fn atomic_response(&mut self, data: &MrDataRepr, orig: u64) -> Delivery {
+        let mut m = self.msg_head;
+        while m != self.msg_tail {
+            if let Some(msg) = self.msgs[m as usize % Q].as_mut() {
+                if msg.kind == MsgKind::Atomic
+                    && msg.stream == data.stream_id
+                    && msg.msn == data.msn
+                    && !msg.done
+                {
+                    msg.done = true;
+                    let addr = msg.local_addr;
+                    self.complete_in_order();
+                    return Delivery::Value { addr, value: orig };
+                }
+            }
+            m = m.wrapping_add(1);
+        }
+        Delivery::Nothing
     }
 
     fn read_response(

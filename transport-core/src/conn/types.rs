@@ -20,6 +20,16 @@ pub enum WrOp {
     WriteWithImm(u32),
     /// Read from the peer's memory into the local buffer.
     Read,
+    /// Compare the peer's 8 bytes with `compare` and, if equal, replace them with `swap`; the
+    /// original value lands in the local buffer.
+    CompareSwap {
+        /// The value expected.
+        compare: u64,
+        /// The value written when it matches.
+        swap: u64,
+    },
+    /// Add to the peer's 8 bytes; the original value lands in the local buffer.
+    FetchAdd(u64),
 }
 
 /// The peer's memory a Write or Read addresses.
@@ -84,6 +94,8 @@ pub enum CompletionKind {
     Write,
     /// A Read's data arrived.
     Read,
+    /// An atomic was performed and its original value arrived.
+    Atomic,
     /// A receive buffer was filled by a Send.
     Recv,
     /// A receive buffer was consumed by a Write with immediate.
@@ -165,6 +177,33 @@ pub enum Delivery {
         /// How many.
         len: usize,
     },
+    /// Perform an atomic on the 8 bytes at `addr` (already checked: granted, aligned), in native
+    /// byte order: compare-and-swap when `compare` is given, fetch-and-add of `swap_add` otherwise.
+    /// Then call [`Connection::atomic_result`](super::Connection::atomic_result) with the original
+    /// value before handling the next datagram.
+    Atomic {
+        /// The 8-byte target.
+        addr: u64,
+        /// The value expected (compare-and-swap), or `None` (fetch-and-add).
+        compare: Option<u64>,
+        /// The value to swap in, or to add.
+        swap_add: u64,
+    },
+    /// Write `value` as 8 bytes in native byte order at `addr`: an atomic's original value.
+    Value {
+        /// Destination.
+        addr: u64,
+        /// The value.
+        value: u64,
+    },
+}
+
+/// What the runner does with an arrived datagram, continued: [`Delivery`] also asks for atomics.
+impl Delivery {
+    /// Whether there is nothing to do.
+    pub fn is_nothing(&self) -> bool {
+        matches!(self, Delivery::Nothing)
+    }
 }
 
 /// Why a datagram was dropped.
@@ -195,8 +234,10 @@ pub enum PostError {
     QueueFull,
     /// The stream number is not below the connection's stream count.
     NoSuchStream,
-    /// A Write or Read of zero bytes, or a message longer than 2^31 bytes.
+    /// A Read of zero bytes, an atomic not of 8 bytes, or a message longer than 2^31 bytes.
     BadLength,
+    /// An atomic's remote or local address is not 8-byte aligned.
+    Misaligned,
 }
 
 /// Connection-wide counters.

@@ -79,9 +79,31 @@ impl Pair {
     ) -> Result<Delivery, DropReason> {
         let side = if to_b { &mut self.b } else { &mut self.a };
         let d = side.conn.handle_datagram(self.now, src_port, false, bytes);
-        if let Ok(Delivery::Place { addr, offset, len }) = d {
-            let at = (addr - BASE) as usize;
-            side.mem[at..at + len].copy_from_slice(&bytes[offset..offset + len]);
+        match d {
+            Ok(Delivery::Place { addr, offset, len }) => {
+                let at = (addr - BASE) as usize;
+                side.mem[at..at + len].copy_from_slice(&bytes[offset..offset + len]);
+            }
+            Ok(Delivery::Atomic {
+                addr,
+                compare,
+                swap_add,
+            }) => {
+                let at = (addr - BASE) as usize;
+                let orig = u64::from_ne_bytes(side.mem[at..at + 8].try_into().unwrap());
+                let new = match compare {
+                    Some(c) if c == orig => swap_add,
+                    Some(_) => orig,
+                    None => orig.wrapping_add(swap_add),
+                };
+                side.mem[at..at + 8].copy_from_slice(&new.to_ne_bytes());
+                side.conn.atomic_result(orig);
+            }
+            Ok(Delivery::Value { addr, value }) => {
+                let at = (addr - BASE) as usize;
+                side.mem[at..at + 8].copy_from_slice(&value.to_ne_bytes());
+            }
+            _ => {}
         }
         d
     }
