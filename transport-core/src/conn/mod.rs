@@ -294,6 +294,10 @@ pub struct Connection<
     retx_wake: Option<Instant>,
     paths: [TxPath; P],
     rr: usize,
+    /// Messages before this one have no packets left to send for the first time.
+    send_hint: u32,
+    /// Something may be waiting in the control queues (ACK, probe reply, probe, NACK).
+    control_dirty: bool,
     tx_streams: [TxStream; S],
     // Receiver.
     rx_paths: [RxPath; P],
@@ -364,6 +368,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             retx_wake: None,
             paths: core::array::from_fn(path),
             rr: 0,
+            send_hint: 0,
+            control_dirty: false,
             tx_streams: [TxStream {
                 next_msn: 0,
                 next_read: 0,
@@ -588,6 +594,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             if let Some(d) = self.rx_paths[i].ack_due {
                 if now >= d {
                     self.rx_paths[i].ack_now = true;
+                    self.control_dirty = true;
                     self.rx_paths[i].ack_due = None;
                 }
             }
@@ -595,6 +602,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             if p.state == PathState::Probing && now >= p.probe_due {
                 p.probe_pending = true;
                 p.probe_due = now + self.cfg.probe_interval;
+                self.control_dirty = true;
             }
         }
         if self.retx_wake.is_some_and(|w| now >= w) {
@@ -632,6 +640,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             p.probes_unanswered = 0;
             p.probe_pending = true;
             p.probe_due = now + self.cfg.probe_interval;
+            self.control_dirty = true;
         }
     }
 
@@ -727,6 +736,17 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     }
 
     fn transmit_control(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        if !self.control_dirty {
+            return None;
+        }
+        let found = self.transmit_control_scan(now, buf);
+        if found.is_none() {
+            self.control_dirty = false;
+        }
+        found
+    }
+
+    fn transmit_control_scan(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         let n = usize::from(self.cfg.paths);
         // NACKs first: they are rare and unblock the peer.
         if let Some(slot) = self.nacks.iter_mut().find(|s| s.is_some()) {
@@ -866,8 +886,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if psn_diff(self.nxt, self.una) as usize >= W {
             return None;
         }
-        // The oldest message with packets left to send.
-        let mut m = self.msg_head;
+        // The oldest message with packets left to send, from the hint on.
+        let ahead = self.send_hint.wrapping_sub(self.msg_head);
+        let mut m = if ahead <= self.msg_tail.wrapping_sub(self.msg_head) {
+            self.send_hint
+        } else {
+            self.msg_head
+        };
         let found = loop {
             if m == self.msg_tail {
                 return None;
@@ -879,6 +904,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             }
             m = m.wrapping_add(1);
         };
+        self.send_hint = found;
         let path = self.pick_path(None)?;
         let psn = self.nxt;
         self.nxt = self.nxt.wrapping_add(1);
@@ -1104,6 +1130,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
         if opcode == Opcode::MrProbe {
             self.rx_paths[i].probe_reply = Some((probe.probe_seq, probe.timestamp));
+            self.control_dirty = true;
             return;
         }
         let p = &mut self.paths[i];
@@ -1326,6 +1353,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let urgent = ce || bth.ack_req || arrival != Arrival::InOrder || rx.sack.has_gap();
         if urgent || rx.unacked >= self.cfg.ack_every {
             rx.ack_now = true;
+            self.control_dirty = true;
         } else if rx.ack_due.is_none() {
             rx.ack_due = Some(now + self.cfg.ack_delay);
         }
@@ -1500,6 +1528,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             stream_id: data.stream_id,
             msn: data.msn,
         };
+        self.control_dirty = true;
         if let Some(slot) = self.nacks.iter_mut().find(|s| s.is_none()) {
             *slot = Some(PendingNack {
                 path: path as u8,
