@@ -358,6 +358,7 @@ fn run_selftest(a: &SelftestArgs) -> io::Result<ExitCode> {
             "completions": r.completions,
             "completion_errors": r.completion_errors,
             "path_failure_detected": r.path_failure_detected,
+            "failure_detect_rtts": r.failure_detect_rtts,
             "atomics": r.atomics,
             "atomics_exact": r.atomics_exact,
             "finished": r.finished,
@@ -382,8 +383,8 @@ fn run_selftest(a: &SelftestArgs) -> io::Result<ExitCode> {
         if a.fail_path.is_some() {
             writeln!(
                 out,
-                "failover stall        {:.1} RTTs (path failure detected: {})",
-                r.failover_stall_rtts, r.path_failure_detected
+                "failover stall        {:.1} RTTs (path declared failed: {}, after {:.1} RTTs)",
+                r.failover_stall_rtts, r.path_failure_detected, r.failure_detect_rtts
             )?;
         }
         if r.atomics > 0 {

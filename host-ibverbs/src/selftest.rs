@@ -120,6 +120,8 @@ pub struct SelftestReport {
     pub completion_errors: u64,
     /// Whether the failed path was declared failed (when one failed).
     pub path_failure_detected: bool,
+    /// Time from the failure to its declaration, in base RTTs.
+    pub failure_detect_rtts: f64,
     /// Whether everything completed before the time limit.
     pub finished: bool,
     /// Fetch-and-add operations performed (mixed workload).
@@ -202,6 +204,12 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
         c.initial_psn = Psn::new(psn);
         c.peer_initial_psn = Psn::new(peer);
         c.window_per_path = cfg.window_per_path;
+        // Timer floors for this link's few-microsecond RTT (the defaults suit real fabrics).
+        c.rto_low = 10_000;
+        c.rto_high = 16_000;
+        c.probe_interval = 8_000;
+        c.timeouts_to_probe = 2;
+        c.probes_to_fail = 2;
         c
     };
     let psn0 = cfg.initial_psn;
@@ -411,8 +419,10 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
                         }
                     }
                     Event::PathFailed { path, .. } => {
-                        if Some(path) == cfg.fail_path && is_a {
+                        if Some(path) == cfg.fail_path && is_a && !report.path_failure_detected {
                             report.path_failure_detected = true;
+                            report.failure_detect_rtts =
+                                now.saturating_sub(cfg.fail_at_ns) as f64 / base_rtt as f64;
                         }
                     }
                     Event::PathRestored { .. } => {}

@@ -205,6 +205,14 @@ struct TxPath {
     probe_due: Instant,
     probe_pending: bool,
     probes_unanswered: u8,
+    /// A tail probe is to be sent (first timeout on an active path).
+    tail_probe_pending: bool,
+    /// The timestamp of the tail probe in flight: the ACK that echoes it settles the tail.
+    tail_probe_ts: Option<u32>,
+    /// When that tail probe left.
+    tail_probe_at: Instant,
+    /// The retransmission timer runs from the later of this and the oldest transmission.
+    timer_from: Instant,
     stats: PathStats,
 }
 
@@ -335,6 +343,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             probe_due: 0,
             probe_pending: false,
             probes_unanswered: 0,
+            tail_probe_pending: false,
+            tail_probe_ts: None,
+            tail_probe_at: 0,
+            timer_from: 0,
             stats: PathStats {
                 src_port: entropy_port(cfg.entropy_seed, i as u8, 0),
                 active: i < usize::from(cfg.paths),
@@ -560,7 +572,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         {
             if p.una != p.next_seq {
                 let slot = p.una.0 as usize % PATH_RING;
-                at(p.ring_sent[slot] + self.rto(p));
+                at(p.ring_sent[slot].max(p.timer_from) + self.rto(p));
             }
             if p.state == PathState::Probing {
                 at(p.probe_due);
@@ -587,7 +599,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             let p = &self.paths[i];
             if p.una != p.next_seq {
                 let slot = p.una.0 as usize % PATH_RING;
-                if now >= p.ring_sent[slot] + self.rto(p) {
+                if now >= p.ring_sent[slot].max(p.timer_from) + self.rto(p) {
                     self.path_timeout(i, now);
                 }
             }
@@ -622,6 +634,17 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     }
 
     fn path_timeout(&mut self, i: usize, now: Instant) {
+        let p = &mut self.paths[i];
+        if p.state == PathState::Active && p.timeouts_in_row == 0 {
+            // First silence: probe the tail instead of declaring it lost. The probe follows the
+            // same in-order route; the ACK it triggers tells exactly what arrived before it.
+            p.timeouts_in_row = 1;
+            p.stats.timeouts += 1;
+            p.tail_probe_pending = true;
+            p.timer_from = now;
+            self.control_dirty = true;
+            return;
+        }
         let mut lost = 0;
         let (una, next) = (self.paths[i].una, self.paths[i].next_seq);
         let mut s = una;
@@ -793,6 +816,24 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 self.counters.acks_sent += 1;
                 let bth = self.bth(Opcode::MrAck, self.rx_cum, 0, false);
                 return self.write_headers(buf, bth, Extensions::MrAck(ack), i, 0, 0);
+            }
+        }
+        for i in 0..n {
+            let p = &mut self.paths[i];
+            if p.tail_probe_pending {
+                p.tail_probe_pending = false;
+                p.tail_probe_ts = Some(now as u32);
+                p.tail_probe_at = now;
+                p.probe_seq = p.probe_seq.wrapping_add(1);
+                let probe = MrProbeRepr {
+                    path_id: i as u8,
+                    probe_seq: p.probe_seq,
+                    timestamp: now as u32,
+                    ts_echo: 0,
+                };
+                self.counters.probes_sent += 1;
+                let bth = self.bth(Opcode::MrProbe, Psn::new(0), 0, false);
+                return self.write_headers(buf, bth, Extensions::MrProbe(probe), i, 0, 0);
             }
         }
         for i in 0..n {
@@ -1129,7 +1170,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             return;
         }
         if opcode == Opcode::MrProbe {
-            self.rx_paths[i].probe_reply = Some((probe.probe_seq, probe.timestamp));
+            let rx = &mut self.rx_paths[i];
+            rx.probe_reply = Some((probe.probe_seq, probe.timestamp));
+            // And an ACK echoing the probe: it reports what arrived on the path before it.
+            rx.ts = probe.timestamp;
+            rx.ts_at = now;
+            rx.ack_now = true;
             self.control_dirty = true;
             return;
         }
@@ -1241,6 +1287,31 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             );
             if rtt < 1_000_000_000 {
                 rtt_sample(p, rtt);
+            }
+        }
+        if self.paths[i].tail_probe_ts == Some(ack.ts_echo) {
+            // The ACK the tail probe triggered: the path is alive, and whatever left before the
+            // probe and is still unacknowledged was lost.
+            let p = &mut self.paths[i];
+            p.tail_probe_ts = None;
+            p.timeouts_in_row = 0;
+            p.timer_from = now;
+            let before = p.tail_probe_at;
+            let (una, next) = (p.una, p.next_seq);
+            let mut s = una;
+            while s != next {
+                let slot = s.0 as usize % PATH_RING;
+                let p = &self.paths[i];
+                if p.ring_psn[slot] != NO_PSN && p.ring_sent[slot] <= before {
+                    self.drop_transmission(i, s, now);
+                    self.paths[i].stats.lost += 1;
+                    self.counters.lost_by_sack += 1;
+                }
+                s = s.add(1);
+            }
+            let p = &mut self.paths[i];
+            while p.una != p.next_seq && p.ring_psn[p.una.0 as usize % PATH_RING] == NO_PSN {
+                p.una = p.una.add(1);
             }
         }
         // The connection-level cumulative PSN: what the peer has accepted for good.
