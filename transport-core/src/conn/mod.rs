@@ -1132,12 +1132,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
     }
 
+    #[inline(always)]
     fn check_datagram(&self, src_port: u16, d: &[u8]) -> Option<Checked> {
         if d.len() < BthRepr::LEN + 4 {
             return None;
         }
         let (bth, rest) = BthRepr::parse(d).ok()?;
-        let (ext, body) = Extensions::parse(bth.opcode.layout(), rest).ok()?;
+        let (ext, body) = Extensions::parse(Opcode::layout_of(d[0]), rest).ok()?;
         let payload_and_pad = body.len().checked_sub(4)?;
         let payload_len = payload_and_pad.checked_sub(usize::from(bth.pad_count))?;
         if self.cfg.verify_icrc {
@@ -1392,6 +1393,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     }
 
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     fn on_data(
         &mut self,
         now: Instant,
