@@ -1268,17 +1268,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     newly_acked = true;
                 } else {
                     // Below a transmission that arrived on the same in-order path: lost.
-                    self.drop_transmission(i, s, now);
-                    self.paths[i].stats.lost += 1;
-                    self.counters.lost_by_sack += 1;
+                    self.declare_lost(i, s, now);
                 }
             }
             s = s.add(1);
         }
+        self.settle_path_una(i);
         let p = &mut self.paths[i];
-        while p.una != p.next_seq && p.ring_psn[p.una.0 as usize % PATH_RING] == NO_PSN {
-            p.una = p.una.add(1);
-        }
         if newly_acked {
             p.timeouts_in_row = 0;
             let rtt = u64::from(
@@ -1304,22 +1300,32 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 let slot = s.0 as usize % PATH_RING;
                 let p = &self.paths[i];
                 if p.ring_psn[slot] != NO_PSN && p.ring_sent[slot] <= before {
-                    self.drop_transmission(i, s, now);
-                    self.paths[i].stats.lost += 1;
-                    self.counters.lost_by_sack += 1;
+                    self.declare_lost(i, s, now);
                 }
                 s = s.add(1);
             }
-            let p = &mut self.paths[i];
-            while p.una != p.next_seq && p.ring_psn[p.una.0 as usize % PATH_RING] == NO_PSN {
-                p.una = p.una.add(1);
-            }
+            self.settle_path_una(i);
         }
         // The connection-level cumulative PSN: what the peer has accepted for good.
         if psn_diff(cum_psn, self.peer_cum) > 0 && psn_diff(cum_psn, self.nxt) <= 0 {
             self.peer_cum = cum_psn;
         }
         self.advance_window();
+    }
+
+    /// Declares transmission `seq` on path `i` lost (a gap, or left before a tail probe).
+    fn declare_lost(&mut self, i: usize, seq: PathSeq, now: Instant) {
+        self.drop_transmission(i, seq, now);
+        self.paths[i].stats.lost += 1;
+        self.counters.lost_by_sack += 1;
+    }
+
+    /// Moves a path's oldest unresolved transmission past resolved ones.
+    fn settle_path_una(&mut self, i: usize) {
+        let p = &mut self.paths[i];
+        while p.una != p.next_seq && p.ring_psn[p.una.0 as usize % PATH_RING] == NO_PSN {
+            p.una = p.una.add(1);
+        }
     }
 
     fn advance_window(&mut self) {
