@@ -198,14 +198,6 @@ pub enum Delivery {
     },
 }
 
-/// What the runner does with an arrived datagram, continued: [`Delivery`] also asks for atomics.
-impl Delivery {
-    /// Whether there is nothing to do.
-    pub fn is_nothing(&self) -> bool {
-        matches!(self, Delivery::Nothing)
-    }
-}
-
 /// Why a datagram was dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
