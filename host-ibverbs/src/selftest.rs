@@ -320,7 +320,6 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
     let mut next_post = 0usize;
     let mut in_flight = 0usize;
     let mut expected_next: HashMap<(bool, u16), u64> = HashMap::new();
-    let mut posted_ids: Vec<(bool, u16, u64)> = Vec::new();
     let mut last_delivery = 0u64;
     let mut max_gap_after_fail = 0u64;
     let mut now = 0u64;
@@ -376,7 +375,6 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
                 if b.conn.post_recv(rr).is_err() {
                     break;
                 }
-                posted_ids.push((false, m.stream, id));
             }
             let wr = WorkRequest {
                 id,
@@ -389,7 +387,6 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
             if a.conn.post(now, wr).is_err() {
                 break;
             }
-            posted_ids.push((true, m.stream, id));
             next_post += 1;
             in_flight += 1;
             a.wake = Some(now);
@@ -587,7 +584,6 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
         };
         report.bytes_verified += equal as u64;
     }
-    let _ = posted_ids;
     if std::env::var_os("METAROCE_SELFTEST_DEBUG").is_some() {
         eprintln!("A {:?}", a.conn.counters());
         eprintln!("B {:?}", b.conn.counters());
