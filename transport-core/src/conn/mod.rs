@@ -824,23 +824,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 p.tail_probe_pending = false;
                 p.tail_probe_ts = Some(now as u32);
                 p.tail_probe_at = now;
-                p.probe_seq = p.probe_seq.wrapping_add(1);
-                let probe = MrProbeRepr {
-                    path_id: i as u8,
-                    probe_seq: p.probe_seq,
-                    timestamp: now as u32,
-                    ts_echo: 0,
-                };
-                self.counters.probes_sent += 1;
-                let bth = self.bth(Opcode::MrProbe, Psn::new(0), 0, false);
-                return self.write_headers(buf, bth, Extensions::MrProbe(probe), i, 0, 0);
+                return self.send_probe(now, buf, i);
             }
         }
         for i in 0..n {
             let p = &mut self.paths[i];
             if p.state == PathState::Probing && p.probe_pending {
                 p.probe_pending = false;
-                p.probe_seq = p.probe_seq.wrapping_add(1);
                 p.probes_unanswered = p.probes_unanswered.saturating_add(1);
                 if p.probes_unanswered > self.cfg.probes_to_fail {
                     // Declare the route dead: new entropy, and keep probing on it.
@@ -859,19 +849,25 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                         new_src_port: port,
                     });
                 }
-                let p = &self.paths[i];
-                let probe = MrProbeRepr {
-                    path_id: i as u8,
-                    probe_seq: p.probe_seq,
-                    timestamp: now as u32,
-                    ts_echo: 0,
-                };
-                self.counters.probes_sent += 1;
-                let bth = self.bth(Opcode::MrProbe, Psn::new(0), 0, false);
-                return self.write_headers(buf, bth, Extensions::MrProbe(probe), i, 0, 0);
+                return self.send_probe(now, buf, i);
             }
         }
         None
+    }
+
+    /// Writes the next probe of path `i` (a new probe sequence number, this end's clock).
+    fn send_probe(&mut self, now: Instant, buf: &mut [u8], i: usize) -> Option<Transmit> {
+        let p = &mut self.paths[i];
+        p.probe_seq = p.probe_seq.wrapping_add(1);
+        let probe = MrProbeRepr {
+            path_id: i as u8,
+            probe_seq: p.probe_seq,
+            timestamp: now as u32,
+            ts_echo: 0,
+        };
+        self.counters.probes_sent += 1;
+        let bth = self.bth(Opcode::MrProbe, Psn::new(0), 0, false);
+        self.write_headers(buf, bth, Extensions::MrProbe(probe), i, 0, 0)
     }
 
     /// The active path with room that comes next in the round-robin, avoiding `avoid` if another
