@@ -162,3 +162,71 @@ fn not_a_capture_is_a_clear_error() {
     assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/x.pcap"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn selftest_prints_the_promised_keys_and_exits_by_the_result() {
+    let out = metaroce(
+        &[
+            "selftest",
+            "--bytes",
+            "4MiB",
+            "--paths",
+            "8",
+            "--loss",
+            "0.05",
+            "--reorder",
+            "0.2",
+            "--dup",
+            "0.01",
+            "--corrupt",
+            "0.001",
+            "--seed",
+            "7",
+            "--fail-path",
+            "3",
+            "--fail-at",
+            "100us",
+            "--ops",
+            "mixed",
+            "--json",
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = &json_lines(&out)[0];
+    for key in [
+        "bytes_posted",
+        "bytes_delivered",
+        "bytes_verified",
+        "duplicates_delivered",
+        "goodput_fraction",
+        "retransmits_per_loss",
+        "failover_stall_rtts",
+        "virtual_time_us",
+    ] {
+        assert!(
+            v.get(key).is_some_and(Value::is_number),
+            "missing {key}: {v}"
+        );
+    }
+    assert_eq!(v["bytes_posted"], 4 << 20);
+    assert_eq!(v["bytes_verified"], 4 << 20);
+    assert_eq!(v["duplicates_delivered"], 0);
+    let text = metaroce(&["selftest", "--bytes", "1MiB"], None);
+    assert!(text.status.success());
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("bytes verified equal  1048576") && text.contains("result                OK"),
+        "{text}"
+    );
+    let bad = metaroce(&["selftest", "--loss", "1.5"], None);
+    assert_eq!(bad.status.code(), Some(2));
+    let bad = metaroce(&["selftest", "--paths", "4", "--fail-path", "4"], None);
+    assert_eq!(bad.status.code(), Some(2));
+    let bad = metaroce(&["selftest", "--bytes", "12XB"], None);
+    assert!(!bad.status.success());
+}
