@@ -517,11 +517,7 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
             {
                 let at = (addr - atom_base) as usize;
                 let orig = u64::from_ne_bytes(ep.atom[at..at + 8].try_into().expect("8 bytes"));
-                let new = match compare {
-                    Some(c) if c == orig => swap_add,
-                    Some(_) => orig,
-                    None => orig.wrapping_add(swap_add),
-                };
+                let new = transport_core::conn::atomic_new_value(orig, compare, swap_add);
                 ep.atom[at..at + 8].copy_from_slice(&new.to_ne_bytes());
                 ep.conn.atomic_result(orig);
                 report.atomics += 1;

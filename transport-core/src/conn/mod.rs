@@ -170,6 +170,31 @@ struct TxMsg {
     reported: bool,
 }
 
+impl TxMsg {
+    /// A message the responder sends on its own (Read response, atomic response): no work
+    /// request behind it, so no completion is reported.
+    fn response(kind: MsgKind, stream: u16, msn: u32, npkts: u32) -> Self {
+        TxMsg {
+            wr_id: 0,
+            kind,
+            imm: None,
+            stream,
+            msn,
+            local_addr: 0,
+            len: 0,
+            remote: RemoteAddr::default(),
+            npkts,
+            next_pkt: 0,
+            last_psn: None,
+            resp_bytes: 0,
+            atomic: (0, 0, false),
+            done: false,
+            status: Status::Success,
+            reported: false,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default)]
 struct TxPkt {
     psn: Psn,
@@ -1449,22 +1474,15 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 let Some(remote) = remote_of(ext) else {
                     return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
                 };
-                let addr = match self.regions.check(
-                    remote.rkey,
-                    remote.va,
-                    u64::from(data.msg_len),
-                    Access::REMOTE_WRITE,
-                ) {
-                    Ok(base) => base + u64::from(data.msg_offset),
-                    Err(reason) => {
-                        self.counters.access_violations += 1;
-                        return self.refuse(bth.psn, i, &data, reason, true);
-                    }
-                };
+                let len = u64::from(data.msg_len);
+                let addr =
+                    match self.check_region(remote.rkey, remote.va, len, Access::REMOTE_WRITE) {
+                        Ok(base) => base + u64::from(data.msg_offset),
+                        Err(reason) => return self.refuse(bth.psn, i, &data, reason, true),
+                    };
                 if bth.opcode == Opcode::MrWriteImm {
                     if let Err(reason) = self.receive_into(&data, payload_len, ext.immdt(), true) {
-                        let fatal = reason != NackReason::ReceiverNotReady;
-                        return self.refuse(bth.psn, i, &data, reason, fatal);
+                        return self.refuse_receive(bth.psn, i, &data, reason);
                     }
                 }
                 Delivery::Place {
@@ -1480,49 +1498,26 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                         offset: payload_at,
                         len: payload_len,
                     },
-                    Err(reason) => {
-                        let fatal = reason != NackReason::ReceiverNotReady;
-                        return self.refuse(bth.psn, i, &data, reason, fatal);
-                    }
+                    Err(reason) => return self.refuse_receive(bth.psn, i, &data, reason),
                 }
             }
             Opcode::MrReadRequest => {
                 let Some(remote) = remote_of(ext) else {
                     return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
                 };
-                let va = match self.regions.check(
-                    remote.rkey,
-                    remote.va,
-                    u64::from(data.msg_len),
-                    Access::REMOTE_READ,
-                ) {
+                let len = u64::from(data.msg_len);
+                let va = match self.check_region(remote.rkey, remote.va, len, Access::REMOTE_READ) {
                     Ok(va) => va,
-                    Err(reason) => {
-                        self.counters.access_violations += 1;
-                        return self.refuse(bth.psn, i, &data, reason, true);
-                    }
+                    Err(reason) => return self.refuse(bth.psn, i, &data, reason, true),
                 };
                 if self.msg_tail.wrapping_sub(self.msg_head) as usize >= Q {
                     return self.refuse(bth.psn, i, &data, NackReason::ReceiverNotReady, false);
                 }
-                self.push_msg(TxMsg {
-                    wr_id: 0,
-                    kind: MsgKind::ReadResponse,
-                    imm: None,
-                    stream: data.stream_id,
-                    msn: data.msn,
-                    local_addr: va,
-                    len: data.msg_len,
-                    remote: RemoteAddr::default(),
-                    npkts: data.msg_len.div_ceil(self.cfg.mtu).max(1),
-                    next_pkt: 0,
-                    last_psn: None,
-                    resp_bytes: 0,
-                    atomic: (0, 0, false),
-                    done: false,
-                    status: Status::Success,
-                    reported: false,
-                });
+                let npkts = data.msg_len.div_ceil(self.cfg.mtu).max(1);
+                let mut m = TxMsg::response(MsgKind::ReadResponse, data.stream_id, data.msn, npkts);
+                m.local_addr = va;
+                m.len = data.msg_len;
+                self.push_msg(m);
                 Delivery::Nothing
             }
             Opcode::MrReadResponse => self.read_response(&data, payload_at, payload_len),
@@ -1533,12 +1528,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 if a.va % 8 != 0 {
                     return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
                 }
-                let addr = match self.regions.check(a.rkey, a.va, 8, Access::REMOTE_ATOMIC) {
+                let addr = match self.check_region(a.rkey, a.va, 8, Access::REMOTE_ATOMIC) {
                     Ok(addr) => addr,
-                    Err(reason) => {
-                        self.counters.access_violations += 1;
-                        return self.refuse(bth.psn, i, &data, reason, true);
-                    }
+                    Err(reason) => return self.refuse(bth.psn, i, &data, reason, true),
                 };
                 if self.msg_tail.wrapping_sub(self.msg_head) as usize >= Q {
                     return self.refuse(bth.psn, i, &data, NackReason::ReceiverNotReady, false);
@@ -1581,6 +1573,32 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             self.rx_seen[self.rx_cum.get() as usize % W] = false;
             self.rx_cum = self.rx_cum.wrapping_add(1);
         }
+    }
+
+    /// Checks a remote access against the region table, counting a violation.
+    fn check_region(
+        &mut self,
+        key: u32,
+        va: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<u64, NackReason> {
+        self.regions
+            .check(key, va, len, need)
+            .inspect_err(|_| self.counters.access_violations += 1)
+    }
+
+    /// Refuses a Send or Write-with-immediate that found no usable receive buffer: waiting for
+    /// one is transient, anything else is fatal.
+    fn refuse_receive(
+        &mut self,
+        psn: Psn,
+        path: usize,
+        data: &MrDataRepr,
+        reason: NackReason,
+    ) -> Result<Delivery, DropReason> {
+        let fatal = reason != NackReason::ReceiverNotReady;
+        self.refuse(psn, path, data, reason, fatal)
     }
 
     /// Refuses a packet with a NACK. A fatal refusal consumes the PSN (nothing is placed, the
@@ -1686,24 +1704,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let Some(p) = self.pending_atomic.take() else {
             return;
         };
-        self.push_msg(TxMsg {
-            wr_id: 0,
-            kind: MsgKind::AtomicResponse,
-            imm: None,
-            stream: p.stream,
-            msn: p.msn,
-            local_addr: 0,
-            len: 8,
-            remote: RemoteAddr::default(),
-            npkts: 1,
-            next_pkt: 0,
-            last_psn: None,
-            resp_bytes: 0,
-            atomic: (orig, 0, false),
-            done: false,
-            status: Status::Success,
-            reported: false,
-        });
+        let mut m = TxMsg::response(MsgKind::AtomicResponse, p.stream, p.msn, 1);
+        m.len = 8;
+        m.atomic = (orig, 0, false);
+        self.push_msg(m);
     }
 
     /// An atomic the runner was asked to perform but never reported: refuse it.
@@ -1814,6 +1818,17 @@ fn rtt_sample(p: &mut TxPath, rtt: u64) {
         let err = p.srtt.abs_diff(rtt);
         p.rttvar = (3 * p.rttvar + err) / 4;
         p.srtt = (7 * p.srtt + rtt) / 8;
+    }
+}
+
+/// The value an atomic leaves in memory: `swap_add` when a compare-and-swap's `compare` matches
+/// `current` (unchanged when it does not), `current + swap_add` for a fetch-and-add. Runners use it
+/// to carry out [`Delivery::Atomic`].
+pub fn atomic_new_value(current: u64, compare: Option<u64>, swap_add: u64) -> u64 {
+    match compare {
+        Some(c) if c == current => swap_add,
+        Some(_) => current,
+        None => current.wrapping_add(swap_add),
     }
 }
 

@@ -91,11 +91,7 @@ impl Pair {
             }) => {
                 let at = (addr - BASE) as usize;
                 let orig = u64::from_ne_bytes(side.mem[at..at + 8].try_into().unwrap());
-                let new = match compare {
-                    Some(c) if c == orig => swap_add,
-                    Some(_) => orig,
-                    None => orig.wrapping_add(swap_add),
-                };
+                let new = transport_core::conn::atomic_new_value(orig, compare, swap_add);
                 side.mem[at..at + 8].copy_from_slice(&new.to_ne_bytes());
                 side.conn.atomic_result(orig);
             }
