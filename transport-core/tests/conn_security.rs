@@ -380,40 +380,15 @@ fn atomics_compare_swap_and_fetch_add_with_rights() {
         len: 8,
         remote: RemoteAddr { va, rkey },
     };
-    p.a.conn
-        .post(0, atomic(1, WrOp::FetchAdd(1), target, KEY))
-        .unwrap();
-    p.a.conn
-        .post(
-            0,
-            atomic(
-                2,
-                WrOp::CompareSwap {
-                    compare: 42,
-                    swap: 7,
-                },
-                target,
-                KEY,
-            ),
-        )
-        .unwrap();
-    p.a.conn
-        .post(
-            0,
-            atomic(
-                3,
-                WrOp::CompareSwap {
-                    compare: 42,
-                    swap: 9,
-                },
-                target,
-                KEY,
-            ),
-        )
-        .unwrap();
-    p.a.conn
-        .post(0, atomic(4, WrOp::FetchAdd(1), BASE2, KEY2))
-        .unwrap(); // no atomic rights
+    let cas = |compare, swap| WrOp::CompareSwap { compare, swap };
+    for (id, op, va, rkey) in [
+        (1, WrOp::FetchAdd(1), target, KEY),
+        (2, cas(42, 7), target, KEY),
+        (3, cas(42, 9), target, KEY),
+        (4, WrOp::FetchAdd(1), BASE2, KEY2), // no atomic rights
+    ] {
+        p.a.conn.post(0, atomic(id, op, va, rkey)).unwrap();
+    }
     assert_eq!(
         p.a.conn
             .post(0, atomic(5, WrOp::FetchAdd(1), target + 4, KEY)),
