@@ -120,3 +120,19 @@ fn the_same_seed_gives_the_same_run() {
     };
     assert_eq!(run(&cfg), run(&cfg));
 }
+
+#[test]
+fn sixty_four_paths() {
+    let cfg = SelftestConfig {
+        bytes: 16 << 20,
+        paths: 64,
+        loss: 0.01,
+        reorder: 0.2,
+        seed: 11,
+        ops: Ops::Mixed,
+        ..SelftestConfig::default()
+    };
+    let r = run(&cfg);
+    check(&r, "64 paths");
+    assert!(r.retransmits_per_loss <= 1.1, "{r:?}");
+}
