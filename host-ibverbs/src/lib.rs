@@ -6,3 +6,4 @@ pub mod capture;
 pub mod decode;
 pub mod gen;
 pub mod selftest;
+pub mod udp;

@@ -61,8 +61,10 @@ pub struct Config {
     /// The peer's IP address.
     #[cfg_attr(feature = "defmt", defmt(Debug2Format))]
     pub remote_ip: IpAddr,
-    /// UDP destination port (4791).
+    /// UDP port the peer receives on: the destination port of what this end sends (4791).
     pub dst_port: u16,
+    /// UDP port this end receives on (4791); it enters the ICRC of arriving datagrams.
+    pub local_port: u16,
     /// Paths in use (at most the capacity `P`, at most 256).
     pub paths: u8,
     /// Seed of the source ports (entropy) the paths use.
@@ -107,6 +109,7 @@ impl Config {
             local_ip,
             remote_ip,
             dst_port: crate::wire::ROCEV2_PORT,
+            local_port: crate::wire::ROCEV2_PORT,
             paths: 16,
             entropy_seed: 1,
             mtu: 4096,
@@ -1170,7 +1173,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 self.cfg.remote_ip,
                 self.cfg.local_ip,
                 src_port,
-                self.cfg.dst_port,
+                self.cfg.local_port,
                 &d[..icrc_at],
             );
             if stored != computed {

@@ -1,0 +1,590 @@
+//! The progress engine: one receive socket, one send socket per UDP source port, the
+//! connections of a device, and the loop that moves datagrams between them and memory.
+//!
+//! Everything runs on the thread that owns the device, inside calls to the API (polling a
+//! completion queue, or `Context::progress`). Memory regions are the only memory the engine
+//! writes, and it checks every write against the live regions of the device before doing it,
+//! independently of the core's own checks.
+
+use super::socket::{RecvMeta, SocketOptions, UdpSocket, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
+use super::stats::{EngineCounters, QpSnapshot};
+use super::WorkCompletion;
+use crate::capture::PcapWriter;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fs::File;
+use std::io::BufWriter;
+use std::net::{IpAddr, SocketAddr};
+use std::rc::Rc;
+use std::time::Duration;
+use transport_core::conn::{atomic_new_value, Connection, Delivery, Event, Region};
+use transport_core::wire::{Ecn, EtherType, EthernetRepr, Ipv4Repr, Ipv6Repr, MacAddr, UdpRepr};
+
+/// Paths per connection at most.
+pub const MAX_PATHS: usize = 64;
+/// Packets in flight per connection at most.
+pub const MAX_INFLIGHT: usize = 2048;
+/// Ordered streams per connection.
+pub const STREAMS: usize = 8;
+/// Messages in flight, and receive buffers, per stream.
+pub const QUEUE: usize = 128;
+/// Memory regions a connection can reach.
+pub const REGIONS: usize = 32;
+
+pub(crate) type Conn = Connection<MAX_PATHS, MAX_INFLIGHT, STREAMS, QUEUE, REGIONS>;
+
+/// Receive buffers per batch.
+const RX_BATCH: usize = 32;
+/// Receive batches per progress call before the engine transmits again.
+const RX_ROUNDS: usize = 4;
+
+/// A live memory region, as the engine knows it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MemEntry {
+    pub len: u64,
+    pub key: u32,
+    pub pd: u32,
+    pub access: transport_core::conn::Access,
+}
+
+/// Something that keeps a posted buffer's memory alive until its completion.
+pub(crate) type Keepalive = Rc<dyn std::any::Any>;
+
+pub(crate) struct Pending {
+    pub user_id: u64,
+    pub keep: Keepalive,
+}
+
+/// Completions waiting to be polled.
+#[derive(Default)]
+pub(crate) struct CqShared {
+    pub queue: RefCell<VecDeque<WorkCompletion>>,
+}
+
+pub(crate) struct QpState {
+    pub pd: u32,
+    pub cq: Rc<CqShared>,
+    pub conn: Option<Box<Conn>>,
+    pub peer: Option<SocketAddr>,
+    pub pending: HashMap<u64, Pending>,
+    pub path_events: u64,
+}
+
+struct Stage {
+    buf: Vec<u8>,
+    segment: usize,
+    count: usize,
+}
+
+/// The engine of one device.
+pub(crate) struct Engine {
+    epoch: std::time::Instant,
+    pub rx: UdpSocket,
+    pub local_ip: IpAddr,
+    opts: SocketOptions,
+    tx: HashMap<u16, Option<UdpSocket>>,
+    pub qps: HashMap<u32, QpState>,
+    pub mems: BTreeMap<u64, MemEntry>,
+    pub next_internal: u64,
+    pub counters: EngineCounters,
+    pcap: Option<PcapWriter<BufWriter<File>>>,
+    rx_bufs: Vec<Vec<u8>>,
+    rx_meta: Vec<RecvMeta>,
+    scratch: Vec<u8>,
+    stages: HashMap<(u16, SocketAddr), Stage>,
+    pub gso: bool,
+    pub busy_poll: bool,
+    /// Keepalives released inside the engine, dropped by the caller after the engine is
+    /// released (their drop may deregister memory, which needs the engine).
+    pub release: Vec<Keepalive>,
+}
+
+impl Engine {
+    pub fn new(
+        rx: UdpSocket,
+        opts: SocketOptions,
+        gso: bool,
+        busy_poll: bool,
+        pcap: Option<PcapWriter<BufWriter<File>>>,
+    ) -> Engine {
+        let local_ip = rx.local_addr().ip();
+        Engine {
+            epoch: std::time::Instant::now(),
+            rx,
+            local_ip,
+            opts,
+            tx: HashMap::new(),
+            qps: HashMap::new(),
+            mems: BTreeMap::new(),
+            next_internal: 1,
+            counters: EngineCounters::default(),
+            pcap,
+            rx_bufs: vec![vec![0u8; 65536]; RX_BATCH],
+            rx_meta: vec![RecvMeta::default(); RX_BATCH],
+            scratch: vec![0u8; 65536],
+            stages: HashMap::new(),
+            gso,
+            busy_poll,
+            release: Vec::new(),
+        }
+    }
+
+    /// Nanoseconds since the device opened.
+    pub fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Whether `addr..addr+len` lies inside one live region; its entry if so.
+    fn region_of(mems: &BTreeMap<u64, MemEntry>, addr: u64, len: usize) -> Option<&MemEntry> {
+        let (start, e) = mems.range(..=addr).next_back()?;
+        let end = addr.checked_add(len as u64)?;
+        (end <= start + e.len).then_some(e)
+    }
+
+    /// The regions of protection domain `pd`, as the core registers them.
+    pub fn regions_of(&self, pd: u32) -> Vec<Region> {
+        self.mems
+            .iter()
+            .filter(|(_, e)| e.pd == pd)
+            .map(|(base, e)| Region {
+                key: e.key,
+                base: *base,
+                len: e.len,
+                access: e.access,
+            })
+            .collect()
+    }
+
+    /// One round: timers, arrivals, transmissions, completions. Waits up to `wait` for
+    /// something to arrive when there is nothing to do. Returns whether anything happened.
+    pub fn progress(&mut self, wait: Duration) -> bool {
+        let mut busy = self.run_timers();
+        for _ in 0..RX_ROUNDS {
+            let got = self.receive();
+            busy |= got > 0;
+            if got < RX_BATCH {
+                break;
+            }
+        }
+        busy |= self.transmit();
+        self.drain_events();
+        if !busy && !wait.is_zero() && !self.busy_poll {
+            let now = self.now();
+            let mut timeout = wait.as_nanos() as u64;
+            for qp in self.qps.values() {
+                if let Some(t) = qp.conn.as_ref().and_then(|c| c.poll_timeout()) {
+                    timeout = timeout.min(t.saturating_sub(now));
+                }
+            }
+            if timeout > 0 && self.rx.wait_readable_ns(timeout).unwrap_or(false) {
+                busy |= self.receive() > 0;
+                busy |= self.transmit();
+                self.drain_events();
+            }
+        }
+        busy
+    }
+
+    fn run_timers(&mut self) -> bool {
+        let now = self.now();
+        let mut fired = false;
+        for qp in self.qps.values_mut() {
+            if let Some(conn) = qp.conn.as_mut() {
+                if conn.poll_timeout().is_some_and(|t| t <= now) {
+                    conn.handle_timeout(now);
+                    fired = true;
+                }
+            }
+        }
+        fired
+    }
+
+    /// Reads what waits on the receive socket and hands it to the connections.
+    fn receive(&mut self) -> usize {
+        let n = match self.rx.recv_batch(&mut self.rx_bufs, &mut self.rx_meta) {
+            Ok(n) => n,
+            Err(_) => {
+                self.counters.rx_errors += 1;
+                return 0;
+            }
+        };
+        if n == 0 {
+            return 0;
+        }
+        self.counters.rx_syscalls += 1;
+        let now = self.now();
+        for i in 0..n {
+            let meta = self.rx_meta[i];
+            let buf = std::mem::take(&mut self.rx_bufs[i]);
+            let data = &buf[..meta.len.min(buf.len())];
+            let seg = if meta.segment > 0 {
+                meta.segment
+            } else {
+                data.len().max(1)
+            };
+            if data.len() > seg {
+                self.counters.rx_gro_batches += 1;
+            }
+            for d in data.chunks(seg) {
+                self.dispatch(now, meta, d);
+            }
+            self.rx_bufs[i] = buf;
+        }
+        n
+    }
+
+    /// One datagram: demultiplex by destination QP, check the sender, hand it to the core and
+    /// do what it answers.
+    fn dispatch(&mut self, now: u64, meta: RecvMeta, d: &[u8]) {
+        let c = &mut self.counters;
+        c.rx_packets += 1;
+        c.rx_bytes += d.len() as u64;
+        let ce = meta.ecn == Ecn::Ce.bits();
+        if ce {
+            c.rx_ecn_ce += 1;
+        }
+        let Some(src) = meta.src else {
+            c.rx_drop_runt += 1;
+            return;
+        };
+        if let Some(p) = self.pcap.as_mut() {
+            let t = self.epoch.elapsed().as_nanos() as u64;
+            write_pcap(
+                p,
+                t,
+                src,
+                SocketAddr::new(self.local_ip, self.rx.local_addr().port()),
+                meta.ecn,
+                d,
+            );
+        }
+        if d.len() < 12 {
+            self.counters.rx_drop_runt += 1;
+            return;
+        }
+        let qpn = u32::from_be_bytes([0, d[5], d[6], d[7]]);
+        let Some(qp) = self.qps.get_mut(&qpn) else {
+            self.counters.rx_drop_unknown_qp += 1;
+            return;
+        };
+        let (Some(conn), Some(peer)) = (qp.conn.as_mut(), qp.peer) else {
+            self.counters.rx_drop_not_connected += 1;
+            return;
+        };
+        if src.ip() != peer.ip() {
+            self.counters.rx_drop_wrong_peer += 1;
+            return;
+        }
+        match conn.handle_datagram(now, src.port(), ce, d) {
+            Ok(Delivery::Nothing) | Err(_) => {}
+            Ok(Delivery::Place { addr, offset, len }) => {
+                let Some(src_bytes) = d.get(offset..offset.saturating_add(len)) else {
+                    self.counters.rx_drop_bad_place += 1;
+                    return;
+                };
+                if Self::region_of(&self.mems, addr, len).is_none() {
+                    self.counters.rx_drop_bad_place += 1;
+                    return;
+                }
+                // SAFETY: `addr..addr+len` lies inside a live memory region (checked just
+                // above); a region's memory stays allocated while its entry is in `mems`, and no
+                // Rust reference to region memory exists outside the engine's own copies (the
+                // region API copies in and out), so nothing aliases this write.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(src_bytes.as_ptr(), addr as *mut u8, len);
+                }
+            }
+            Ok(Delivery::Atomic {
+                addr,
+                compare,
+                swap_add,
+            }) => {
+                if Self::region_of(&self.mems, addr, 8).is_none() {
+                    self.counters.rx_drop_bad_place += 1;
+                    return;
+                }
+                let p = addr as *mut u64;
+                // SAFETY: the 8 bytes lie inside a live region (checked above); the core only
+                // asks for 8-byte aligned targets; no other reference aliases region memory.
+                let orig = unsafe { p.read_unaligned() };
+                // SAFETY: as above.
+                unsafe { p.write_unaligned(atomic_new_value(orig, compare, swap_add)) };
+                conn.atomic_result(orig);
+            }
+            Ok(Delivery::Value { addr, value }) => {
+                if Self::region_of(&self.mems, addr, 8).is_none() {
+                    self.counters.rx_drop_bad_place += 1;
+                    return;
+                }
+                // SAFETY: the 8 bytes lie inside a live region (checked above).
+                unsafe { (addr as *mut u64).write_unaligned(value) };
+            }
+        }
+    }
+
+    /// Asks every connection for what it has to send, fills in payloads from memory, and sends
+    /// it, one GSO call per path where consecutive datagrams allow.
+    fn transmit(&mut self) -> bool {
+        let now = self.now();
+        let mut sent = false;
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let qpns: Vec<u32> = self.qps.keys().copied().collect();
+        for qpn in qpns {
+            loop {
+                let qp = self.qps.get_mut(&qpn).expect("qp listed above");
+                let (Some(conn), Some(peer)) = (qp.conn.as_mut(), qp.peer) else {
+                    break;
+                };
+                let Some(tx) = conn.poll_transmit(now, &mut scratch) else {
+                    break;
+                };
+                if tx.payload_len > 0 {
+                    let dst = &mut scratch[tx.header_len..tx.header_len + tx.payload_len];
+                    if Self::region_of(&self.mems, tx.payload_addr, tx.payload_len).is_some() {
+                        // SAFETY: the source lies inside a live region (checked); `dst` is
+                        // the engine's own scratch buffer, which cannot overlap region memory.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                tx.payload_addr as *const u8,
+                                dst.as_mut_ptr(),
+                                tx.payload_len,
+                            );
+                        }
+                    } else {
+                        // Cannot happen for buffers checked at post time; send zeros, count it.
+                        dst.fill(0);
+                        self.counters.tx_bad_local += 1;
+                    }
+                }
+                conn.seal(&tx, &mut scratch);
+                sent = true;
+                self.stage(tx.src_port, peer, &scratch[..tx.len]);
+            }
+        }
+        self.scratch = scratch;
+        self.flush();
+        sent
+    }
+
+    fn stage(&mut self, src_port: u16, dst: SocketAddr, d: &[u8]) {
+        self.counters.tx_packets += 1;
+        self.counters.tx_bytes += d.len() as u64;
+        if let Some(p) = self.pcap.as_mut() {
+            let t = self.epoch.elapsed().as_nanos() as u64;
+            write_pcap(
+                p,
+                t,
+                SocketAddr::new(self.local_ip, src_port),
+                dst,
+                super::socket::ECT0,
+                d,
+            );
+        }
+        let key = (src_port, dst);
+        let gso = self.gso;
+        let flush_first = match self.stages.get(&key) {
+            Some(s) if s.count > 0 => {
+                !gso || d.len() > s.segment
+                    || s.count >= GSO_MAX_SEGMENTS
+                    || s.buf.len() + d.len() > GSO_MAX_BYTES
+                    || s.buf.len() % s.segment != 0
+            }
+            _ => false,
+        };
+        if flush_first {
+            self.flush_one(key);
+        }
+        let s = self.stages.entry(key).or_insert_with(|| Stage {
+            buf: Vec::with_capacity(GSO_MAX_BYTES),
+            segment: 0,
+            count: 0,
+        });
+        if s.count == 0 {
+            s.segment = d.len();
+        }
+        s.buf.extend_from_slice(d);
+        s.count += 1;
+    }
+
+    fn flush(&mut self) {
+        let keys: Vec<(u16, SocketAddr)> = self
+            .stages
+            .iter()
+            .filter(|(_, s)| s.count > 0)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in keys {
+            self.flush_one(k);
+        }
+    }
+
+    fn flush_one(&mut self, key: (u16, SocketAddr)) {
+        let Some(mut s) = self.stages.remove(&key) else {
+            return;
+        };
+        let (src_port, dst) = key;
+        if !self.tx.contains_key(&src_port) {
+            let addr = SocketAddr::new(self.local_ip, src_port);
+            let sock = UdpSocket::bind(
+                addr,
+                &SocketOptions {
+                    gro: false,
+                    ..self.opts
+                },
+            )
+            .ok();
+            if sock.is_none() {
+                self.counters.tx_port_fallback += 1;
+            }
+            self.tx.insert(src_port, sock);
+        }
+        let sock = self.tx[&src_port].as_ref().unwrap_or(&self.rx);
+        let segment = if s.count > 1 { s.segment } else { 0 };
+        self.counters.tx_syscalls += 1;
+        match sock.send(&dst, &s.buf, segment) {
+            Ok(_) => {
+                if s.count > 1 {
+                    self.counters.tx_gso_batches += 1;
+                }
+            }
+            Err(e) if segment > 0 && e.raw_os_error() == Some(libc::EIO) => {
+                // The route cannot segment: send them one by one from now on.
+                self.gso = false;
+                self.counters.tx_gso_disabled += 1;
+                for d in s.buf.chunks(s.segment) {
+                    self.counters.tx_syscalls += 1;
+                    if sock.send(&dst, d, 0).is_err() {
+                        self.counters.tx_errors += 1;
+                    }
+                }
+            }
+            Err(_) => self.counters.tx_errors += s.count as u64,
+        }
+        s.buf.clear();
+        s.count = 0;
+        self.stages.insert(key, s);
+    }
+
+    /// Moves the connections' events into their completion queues.
+    fn drain_events(&mut self) {
+        for (qpn, qp) in self.qps.iter_mut() {
+            let Some(conn) = qp.conn.as_mut() else {
+                continue;
+            };
+            while let Some(ev) = conn.poll_event() {
+                match ev {
+                    Event::Completion(c) => {
+                        let Some(p) = qp.pending.remove(&c.id) else {
+                            continue;
+                        };
+                        self.release.push(p.keep);
+                        qp.cq.queue.borrow_mut().push_back(WorkCompletion {
+                            wr_id: p.user_id,
+                            status: c.status,
+                            kind: c.kind,
+                            byte_len: c.byte_len,
+                            imm: c.imm,
+                            qp_num: *qpn,
+                            stream: c.stream,
+                        });
+                    }
+                    Event::PathFailed { .. } | Event::PathRestored { .. } => {
+                        qp.path_events += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A snapshot of every queue pair's counters.
+    pub fn snapshot(&self) -> Vec<QpSnapshot> {
+        let mut v: Vec<QpSnapshot> = self
+            .qps
+            .iter()
+            .filter_map(|(qpn, qp)| {
+                let conn = qp.conn.as_ref()?;
+                let paths = (0..usize::from(conn.config().paths))
+                    .filter_map(|i| conn.path_stats(i))
+                    .collect();
+                Some(QpSnapshot {
+                    qpn: *qpn,
+                    peer: qp.peer,
+                    counters: *conn.counters(),
+                    paths,
+                })
+            })
+            .collect();
+        v.sort_by_key(|s| s.qpn);
+        v
+    }
+
+    /// Flushes the capture file.
+    pub fn finish_pcap(&mut self) -> std::io::Result<()> {
+        if let Some(p) = self.pcap.take() {
+            p.finish()?;
+        }
+        Ok(())
+    }
+}
+
+/// Writes `payload` to the capture as the Ethernet/IP/UDP frame that carried it.
+fn write_pcap(
+    p: &mut PcapWriter<BufWriter<File>>,
+    t: u64,
+    src: SocketAddr,
+    dst: SocketAddr,
+    ecn: u8,
+    payload: &[u8],
+) {
+    let mut frame = vec![0u8; 14 + 40 + 8 + payload.len()];
+    let v6 = src.is_ipv6();
+    let eth = EthernetRepr {
+        dst: MacAddr([0x02, 0, 0, 0, 0, 2]),
+        src: MacAddr([0x02, 0, 0, 0, 0, 1]),
+        vlan: None,
+        ethertype: if v6 { EtherType::IPV6 } else { EtherType::IPV4 },
+    };
+    let udp_len = 8 + payload.len();
+    let Ok(rest) = eth.emit(&mut frame) else {
+        return;
+    };
+    let ecn = Ecn::from_bits(ecn);
+    let rest = match (src.ip(), dst.ip()) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => Ipv4Repr {
+            dscp: 0,
+            ecn,
+            ident: 0,
+            dont_frag: true,
+            ttl: 64,
+            src: s,
+            dst: d,
+            options: &[],
+        }
+        .emit(rest, udp_len),
+        (IpAddr::V6(s), IpAddr::V6(d)) => Ipv6Repr {
+            dscp: 0,
+            ecn,
+            flow_label: 0,
+            hop_limit: 64,
+            src: s,
+            dst: d,
+        }
+        .emit(rest, udp_len),
+        _ => return,
+    };
+    let Ok(rest) = rest else {
+        return;
+    };
+    let rest_len = rest.len();
+    let Ok(rest) = (UdpRepr {
+        src_port: src.port(),
+        dst_port: dst.port(),
+        checksum: false,
+    })
+    .emit(rest, payload.len()) else {
+        return;
+    };
+    rest[..payload.len()].copy_from_slice(payload);
+    let used = frame.len() - rest_len + udp_len;
+    let _ = p.write(t, &frame[..used]);
+}

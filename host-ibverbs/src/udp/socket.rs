@@ -1,0 +1,516 @@
+//! Thin, safe wrappers over the Linux UDP socket calls the transport needs and `std::net` lacks:
+//! ECN (IP_TOS / IPV6_TCLASS on send, IP_RECVTOS / IPV6_RECVTCLASS on receive), UDP GSO
+//! (`UDP_SEGMENT`), UDP GRO (`UDP_GRO`), batched receive (`recvmmsg`), large socket buffers and
+//! busy polling.
+
+use std::io;
+use std::mem::{size_of, zeroed};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+// Linux ABI values, the same on every architecture; not all are exported by the `libc` crate.
+const IP_RECVTOS: libc::c_int = 13;
+const IPV6_RECVTCLASS: libc::c_int = 66;
+const IPV6_TCLASS: libc::c_int = 67;
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
+const SOL_UDP: libc::c_int = 17;
+
+/// ECN-capable transport, code point 0: how every datagram leaves.
+pub const ECT0: u8 = 0b10;
+/// The most segments one GSO send may carry (the kernel's `UDP_MAX_SEGMENTS`).
+pub const GSO_MAX_SEGMENTS: usize = 64;
+/// The most bytes one GSO send may carry.
+pub const GSO_MAX_BYTES: usize = 65_000;
+
+/// Socket options.
+#[derive(Debug, Clone, Copy)]
+pub struct SocketOptions {
+    /// Bytes of receive buffer to ask for.
+    pub rcvbuf: usize,
+    /// Bytes of send buffer to ask for.
+    pub sndbuf: usize,
+    /// Ask the kernel to coalesce arriving datagrams (UDP GRO).
+    pub gro: bool,
+    /// Microseconds of busy polling in the kernel on blocking receives (0: off).
+    pub busy_poll_us: u32,
+}
+
+/// A non-blocking UDP socket.
+#[derive(Debug)]
+pub struct UdpSocket {
+    fd: OwnedFd,
+    local: SocketAddr,
+    v6: bool,
+    gro: bool,
+}
+
+/// What one received message held.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RecvMeta {
+    /// Bytes in the buffer.
+    pub len: usize,
+    /// Sender.
+    pub src: Option<SocketAddr>,
+    /// The IP header's ECN bits.
+    pub ecn: u8,
+    /// With GRO: the size of each coalesced datagram (the last may be shorter); 0 otherwise.
+    pub segment: usize,
+}
+
+fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn set_opt(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: `fd` is an open socket; the option value is a live c_int of the stated size.
+    let ret = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    cvt(ret).map(drop)
+}
+
+fn get_opt(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `value` and `len` are live and describe a c_int-sized buffer.
+    let ret = unsafe {
+        libc::getsockopt(
+            fd,
+            level,
+            name,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    cvt(ret).map(|_| value)
+}
+
+/// A `sockaddr_storage` holding `addr`, and its length.
+fn to_raw(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain old data for which all-zero is a valid value.
+    let mut storage: libc::sockaddr_storage = unsafe { zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and suitably aligned for sockaddr_in.
+            unsafe {
+                (&mut storage as *mut libc::sockaddr_storage)
+                    .cast::<libc::sockaddr_in>()
+                    .write(sin)
+            };
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and suitably aligned for sockaddr_in6.
+            unsafe {
+                (&mut storage as *mut libc::sockaddr_storage)
+                    .cast::<libc::sockaddr_in6>()
+                    .write(sin6)
+            };
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (storage, len as libc::socklen_t)
+}
+
+fn from_raw(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match i32::from(storage.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let sin =
+                unsafe { &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let ip = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let sin6 = unsafe {
+                &*(storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+            };
+            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                u16::from_be(sin6.sin6_port),
+                sin6.sin6_flowinfo,
+                sin6.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+impl UdpSocket {
+    /// Opens a socket bound to `addr` (port 0: any free port), sending ECT(0) and reporting the
+    /// ECN bits of what arrives.
+    pub fn bind(addr: SocketAddr, opts: &SocketOptions) -> io::Result<UdpSocket> {
+        let v6 = addr.is_ipv6();
+        let family = if v6 { libc::AF_INET6 } else { libc::AF_INET };
+        // SAFETY: plain system call; the result is checked before use.
+        let raw = cvt(unsafe {
+            libc::socket(
+                family,
+                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            )
+        })?;
+        // SAFETY: `raw` is a descriptor we just opened and own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        if v6 {
+            set_opt(raw, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
+            set_opt(raw, libc::IPPROTO_IPV6, IPV6_TCLASS, i32::from(ECT0))?;
+            set_opt(raw, libc::IPPROTO_IPV6, IPV6_RECVTCLASS, 1)?;
+        } else {
+            set_opt(raw, libc::IPPROTO_IP, libc::IP_TOS, i32::from(ECT0))?;
+            set_opt(raw, libc::IPPROTO_IP, IP_RECVTOS, 1)?;
+        }
+        // Ask for the buffers; without CAP_NET_ADMIN the kernel caps them at rmem_max/wmem_max.
+        let rcv = i32::try_from(opts.rcvbuf).unwrap_or(i32::MAX);
+        if set_opt(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, rcv).is_err() {
+            set_opt(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, rcv)?;
+        }
+        let snd = i32::try_from(opts.sndbuf).unwrap_or(i32::MAX);
+        if set_opt(raw, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, snd).is_err() {
+            set_opt(raw, libc::SOL_SOCKET, libc::SO_SNDBUF, snd)?;
+        }
+        if opts.busy_poll_us > 0 {
+            // Needs CAP_NET_ADMIN above net.core.busy_poll; best effort.
+            let _ = set_opt(
+                raw,
+                libc::SOL_SOCKET,
+                libc::SO_BUSY_POLL,
+                opts.busy_poll_us as i32,
+            );
+        }
+        let gro = opts.gro && set_opt(raw, SOL_UDP, UDP_GRO, 1).is_ok();
+        let (storage, len) = to_raw(&addr);
+        // SAFETY: `storage` holds a valid socket address of `len` bytes.
+        cvt(unsafe { libc::bind(raw, (&storage as *const libc::sockaddr_storage).cast(), len) })?;
+        let mut bound: libc::sockaddr_storage =
+            // SAFETY: all-zero is a valid sockaddr_storage.
+            unsafe { zeroed() };
+        let mut blen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: `bound` and `blen` describe a writable sockaddr_storage.
+        cvt(unsafe {
+            libc::getsockname(
+                raw,
+                (&mut bound as *mut libc::sockaddr_storage).cast(),
+                &mut blen,
+            )
+        })?;
+        let local = from_raw(&bound).ok_or_else(|| io::Error::other("unknown address family"))?;
+        Ok(UdpSocket { fd, local, v6, gro })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Whether the kernel coalesces arrivals for this socket.
+    pub fn gro(&self) -> bool {
+        self.gro
+    }
+
+    /// The receive buffer the kernel granted, bytes.
+    pub fn rcvbuf(&self) -> io::Result<usize> {
+        get_opt(self.fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF).map(|v| v as usize)
+    }
+
+    /// Sends `buf` to `dst` as one datagram, or, with `segment` > 0 and `buf` longer than it, as
+    /// datagrams of `segment` bytes (the last may be shorter) in one call (UDP GSO).
+    pub fn send(&self, dst: &SocketAddr, buf: &[u8], segment: usize) -> io::Result<usize> {
+        let (mut storage, len) = to_raw(dst);
+        let mut iov = libc::iovec {
+            iov_base: buf.as_ptr() as *mut libc::c_void,
+            iov_len: buf.len(),
+        };
+        // Room for one cmsg carrying a u16, 8-byte aligned.
+        let mut control = [0u64; 4];
+        // SAFETY: all-zero is a valid msghdr; every pointer set below outlives the call.
+        let mut msg: libc::msghdr = unsafe { zeroed() };
+        msg.msg_name = (&mut storage as *mut libc::sockaddr_storage).cast();
+        msg.msg_namelen = len;
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if segment > 0 && buf.len() > segment {
+            let seg = u16::try_from(segment).map_err(io::Error::other)?;
+            // SAFETY: CMSG_SPACE is a pure computation.
+            let space = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = space as _;
+            // SAFETY: msg_control points at `control`, which is large enough for one cmsg of a
+            // u16 (checked by the assert below), so CMSG_FIRSTHDR is non-null and in bounds.
+            unsafe {
+                assert!(space <= size_of::<[u64; 4]>());
+                let cmsg = libc::CMSG_FIRSTHDR(&msg);
+                (*cmsg).cmsg_level = SOL_UDP;
+                (*cmsg).cmsg_type = UDP_SEGMENT;
+                (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
+                libc::CMSG_DATA(cmsg).cast::<u16>().write_unaligned(seg);
+            }
+        }
+        // SAFETY: `msg` describes live buffers for the duration of the call.
+        let n = unsafe { libc::sendmsg(self.fd.as_raw_fd(), &msg, 0) };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+
+    /// Receives up to `bufs.len()` messages in one call without blocking; returns how many
+    /// arrived (0 when none were waiting).
+    pub fn recv_batch(&self, bufs: &mut [Vec<u8>], meta: &mut [RecvMeta]) -> io::Result<usize> {
+        const MAX: usize = 64;
+        let n = bufs.len().min(meta.len()).min(MAX);
+        // SAFETY: all-zero is valid for these plain C structures.
+        let mut names: [libc::sockaddr_storage; MAX] = unsafe { zeroed() };
+        // SAFETY: as above.
+        let mut iovs: [libc::iovec; MAX] = unsafe { zeroed() };
+        // SAFETY: as above.
+        let mut hdrs: [libc::mmsghdr; MAX] = unsafe { zeroed() };
+        let mut controls = [[0u64; 8]; MAX];
+        for i in 0..n {
+            iovs[i] = libc::iovec {
+                iov_base: bufs[i].as_mut_ptr().cast(),
+                iov_len: bufs[i].len(),
+            };
+            let h = &mut hdrs[i].msg_hdr;
+            h.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_iov = &mut iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_control = controls[i].as_mut_ptr().cast();
+            h.msg_controllen = size_of::<[u64; 8]>() as _;
+        }
+        // SAFETY: the first `n` headers point at live, writable names, buffers and controls.
+        let got = unsafe {
+            libc::recvmmsg(
+                self.fd.as_raw_fd(),
+                hdrs.as_mut_ptr(),
+                n as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if got < 0 {
+            let err = io::Error::last_os_error();
+            return match err.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
+                _ => Err(err),
+            };
+        }
+        let got = got as usize;
+        for i in 0..got {
+            let h = &hdrs[i].msg_hdr;
+            let mut m = RecvMeta {
+                len: hdrs[i].msg_len as usize,
+                src: from_raw(&names[i]),
+                ecn: 0,
+                segment: 0,
+            };
+            // SAFETY: the kernel filled `msg_control` with `msg_controllen` bytes of cmsgs; the
+            // CMSG_* macros walk them within those bounds.
+            unsafe {
+                let mut cmsg = libc::CMSG_FIRSTHDR(h);
+                while !cmsg.is_null() {
+                    let (level, kind) = ((*cmsg).cmsg_level, (*cmsg).cmsg_type);
+                    let data = libc::CMSG_DATA(cmsg);
+                    if (level == libc::IPPROTO_IP && kind == libc::IP_TOS)
+                        || (level == libc::IPPROTO_IPV6 && kind == IPV6_TCLASS)
+                    {
+                        // IP_TOS arrives as one byte, IPV6_TCLASS as an int.
+                        let v = if level == libc::IPPROTO_IP {
+                            i32::from(data.read())
+                        } else {
+                            data.cast::<i32>().read_unaligned()
+                        };
+                        m.ecn = (v & 0b11) as u8;
+                    } else if level == SOL_UDP && kind == UDP_GRO {
+                        m.segment = data.cast::<i32>().read_unaligned().max(0) as usize;
+                    }
+                    cmsg = libc::CMSG_NXTHDR(h, cmsg);
+                }
+            }
+            meta[i] = m;
+        }
+        Ok(got)
+    }
+
+    /// Waits until the socket is readable or `timeout_ms` passes (negative: forever).
+    pub fn wait_readable(&self, timeout_ms: i32) -> io::Result<bool> {
+        let mut pfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: `pfd` is one live pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                return Ok(false);
+            }
+            return Err(err);
+        }
+        Ok(n > 0)
+    }
+
+    /// Waits until the socket is readable or `timeout_ns` passes, with nanosecond resolution
+    /// (`ppoll`): the connection's timers are microseconds.
+    pub fn wait_readable_ns(&self, timeout_ns: u64) -> io::Result<bool> {
+        let mut pfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ts = libc::timespec {
+            tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+            tv_nsec: (timeout_ns % 1_000_000_000) as _,
+        };
+        // SAFETY: `pfd` is one live pollfd and `ts` a live timespec; no signal mask is changed.
+        let n = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                return Ok(false);
+            }
+            return Err(err);
+        }
+        Ok(n > 0)
+    }
+
+    /// Whether this is an IPv6 socket.
+    pub fn is_ipv6(&self) -> bool {
+        self.v6
+    }
+}
+
+/// The unspecified address of `ip`'s family.
+pub fn unspecified(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts() -> SocketOptions {
+        SocketOptions {
+            rcvbuf: 1 << 20,
+            sndbuf: 1 << 20,
+            gro: true,
+            busy_poll_us: 0,
+        }
+    }
+
+    fn recv_all(s: &UdpSocket) -> Vec<(Vec<u8>, RecvMeta)> {
+        let mut bufs = vec![vec![0u8; 65536]; 8];
+        let mut meta = [RecvMeta::default(); 8];
+        let mut out = Vec::new();
+        for _ in 0..100 {
+            let _ = s.wait_readable(50);
+            let n = s.recv_batch(&mut bufs, &mut meta).unwrap();
+            for i in 0..n {
+                out.push((bufs[i][..meta[i].len].to_vec(), meta[i]));
+            }
+            if n == 0 && !out.is_empty() {
+                break;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn ect0_leaves_and_is_reported_v4() {
+        let a = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &opts()).unwrap();
+        let b = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &opts()).unwrap();
+        a.send(&b.local_addr(), b"hello", 0).unwrap();
+        let got = recv_all(&b);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].0, b"hello");
+        assert_eq!(got[0].1.ecn, ECT0, "the receiver sees ECT(0)");
+        assert_eq!(got[0].1.src, Some(a.local_addr()));
+    }
+
+    #[test]
+    fn ect0_leaves_and_is_reported_v6() {
+        let Ok(a) = UdpSocket::bind("[::1]:0".parse().unwrap(), &opts()) else {
+            eprintln!("no IPv6 loopback here");
+            return;
+        };
+        let b = UdpSocket::bind("[::1]:0".parse().unwrap(), &opts()).unwrap();
+        a.send(&b.local_addr(), b"hello6", 0).unwrap();
+        let got = recv_all(&b);
+        assert_eq!(got[0].0, b"hello6");
+        assert_eq!(got[0].1.ecn, ECT0);
+    }
+
+    #[test]
+    fn gso_send_arrives_as_segments() {
+        let a = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &opts()).unwrap();
+        let mut o = opts();
+        o.gro = false;
+        let b = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &o).unwrap();
+        let buf: Vec<u8> = (0..1000u32 * 3 + 10).map(|i| i as u8).collect();
+        assert_eq!(a.send(&b.local_addr(), &buf, 1000).unwrap(), buf.len());
+        let got = recv_all(&b);
+        let lens: Vec<usize> = got.iter().map(|g| g.0.len()).collect();
+        assert_eq!(lens, [1000, 1000, 1000, 10]);
+        let joined: Vec<u8> = got.into_iter().flat_map(|g| g.0).collect();
+        assert_eq!(joined, buf);
+    }
+
+    #[test]
+    fn gro_reports_segment_size() {
+        let a = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &opts()).unwrap();
+        let b = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &opts()).unwrap();
+        assert!(b.gro());
+        let buf = vec![7u8; 1200 * 4];
+        a.send(&b.local_addr(), &buf, 1200).unwrap();
+        let got = recv_all(&b);
+        let total: usize = got.iter().map(|g| g.0.len()).sum();
+        assert_eq!(total, buf.len());
+        for (bytes, meta) in &got {
+            if bytes.len() > 1200 {
+                assert_eq!(
+                    meta.segment, 1200,
+                    "a coalesced buffer names its segment size"
+                );
+            }
+        }
+    }
+}

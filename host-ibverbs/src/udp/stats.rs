@@ -1,0 +1,251 @@
+//! Counters of a device and its queue pairs, named as `ethtool -S` users expect, and their
+//! publication: a running endpoint writes a snapshot file that `metaroce stats` reads.
+
+use serde_json::{json, Map, Value};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use transport_core::conn::{Counters, PathStats};
+
+macro_rules! engine_counters {
+    ($( $(#[$doc:meta])* $name:ident ),* $(,)?) => {
+        /// Device-wide counters of the UDP transport.
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct EngineCounters {
+            $( $(#[$doc])* pub $name: u64, )*
+        }
+
+        impl EngineCounters {
+            /// Every counter with its name, in a fixed order.
+            pub fn named(&self) -> Vec<(&'static str, u64)> {
+                vec![ $( (stringify!($name), self.$name), )* ]
+            }
+        }
+    };
+}
+
+engine_counters! {
+    /// Datagrams sent.
+    tx_packets,
+    /// Bytes of datagrams sent (BTH to ICRC).
+    tx_bytes,
+    /// Send system calls.
+    tx_syscalls,
+    /// Sends that carried several datagrams (UDP GSO).
+    tx_gso_batches,
+    /// Times GSO was turned off because the route could not segment.
+    tx_gso_disabled,
+    /// Datagrams the kernel refused to send (buffer full or error); the core retransmits them.
+    tx_errors,
+    /// Source ports that could not be bound and went out from the receive socket's port.
+    tx_port_fallback,
+    /// Transmissions whose payload was not in a live region (a bug if ever non-zero).
+    tx_bad_local,
+    /// Datagrams received.
+    rx_packets,
+    /// Bytes of datagrams received.
+    rx_bytes,
+    /// Receive system calls that returned data.
+    rx_syscalls,
+    /// Receive buffers that held several coalesced datagrams (UDP GRO).
+    rx_gro_batches,
+    /// Datagrams marked Congestion Experienced.
+    rx_ecn_ce,
+    /// Datagrams too short to name a queue pair.
+    rx_drop_runt,
+    /// Datagrams for a queue pair this device does not have.
+    rx_drop_unknown_qp,
+    /// Datagrams for a queue pair not yet connected.
+    rx_drop_not_connected,
+    /// Datagrams from an address that is not the queue pair's peer.
+    rx_drop_wrong_peer,
+    /// Placements outside a live region (a bug if ever non-zero; nothing was written).
+    rx_drop_bad_place,
+    /// Receive system call failures.
+    rx_errors,
+}
+
+/// One queue pair's counters and paths.
+#[derive(Debug, Clone)]
+pub struct QpSnapshot {
+    /// Local queue pair number.
+    pub qpn: u32,
+    /// The peer's data address.
+    pub peer: Option<SocketAddr>,
+    /// Connection counters.
+    pub counters: Counters,
+    /// Per path.
+    pub paths: Vec<PathStats>,
+}
+
+/// The connection counters with their `ethtool -S` style names.
+pub fn connection_named(c: &Counters) -> Vec<(&'static str, u64)> {
+    vec![
+        ("tx_data_packets", c.data_sent),
+        ("retransmits", c.retransmitted),
+        ("acked", c.acked),
+        ("sacked", c.sacked),
+        ("lost_by_sack", c.lost_by_sack),
+        ("lost_by_timeout", c.lost_by_timeout),
+        ("acks_sent", c.acks_sent),
+        ("nacks_sent", c.nacks_sent),
+        ("nacks_received", c.nacks_received),
+        ("rx_data_packets", c.data_received),
+        ("rx_bytes_placed", c.bytes_placed),
+        ("rx_duplicates", c.duplicates),
+        ("rx_drop_malformed", c.drop_malformed),
+        ("rx_drop_wrong_qp", c.drop_wrong_qp),
+        ("rx_drop_wrong_pkey", c.drop_wrong_pkey),
+        ("rx_drop_out_of_window", c.drop_out_of_window),
+        ("rx_drop_other", c.drop_other),
+        ("access_violations", c.access_violations),
+        ("ecn_ce_received", c.ecn_ce_received),
+        ("ecn_marks_echoed", c.ecn_marks_echoed),
+        ("probes_sent", c.probes_sent),
+        ("path_failures", c.path_failures),
+    ]
+}
+
+/// A snapshot as JSON.
+pub fn to_json(pid: u32, name: &str, engine: &EngineCounters, qps: &[QpSnapshot]) -> Value {
+    let mut dev = Map::new();
+    for (k, v) in engine.named() {
+        dev.insert(k.into(), v.into());
+    }
+    let qps: Vec<Value> = qps
+        .iter()
+        .map(|q| {
+            let mut m = Map::new();
+            for (k, v) in connection_named(&q.counters) {
+                m.insert(k.into(), v.into());
+            }
+            let paths: Vec<Value> = q
+                .paths
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    json!({
+                        "path": i,
+                        "src_port": p.src_port,
+                        "state": if p.active { "active" } else { "probing" },
+                        "tx_packets": p.sent,
+                        "retransmits": p.retransmitted,
+                        "acked": p.acked,
+                        "lost": p.lost,
+                        "timeouts": p.timeouts,
+                        "in_flight": p.in_flight,
+                        "rtt_min_ns": p.rtt_min,
+                        "rtt_smoothed_ns": p.rtt_smoothed,
+                        "ecn_marks": p.ecn_marks,
+                        "failures": p.failures,
+                    })
+                })
+                .collect();
+            json!({
+                "qpn": q.qpn,
+                "peer": q.peer.map(|p| p.to_string()),
+                "counters": m,
+                "paths": paths,
+            })
+        })
+        .collect();
+    json!({ "pid": pid, "name": name, "device": dev, "qps": qps })
+}
+
+/// `ethtool -S` style text of a JSON snapshot.
+pub fn to_text(v: &Value) -> String {
+    let mut s = String::new();
+    let pid = v["pid"].as_u64().unwrap_or(0);
+    let name = v["name"].as_str().unwrap_or("");
+    s.push_str(&format!("{name} (pid {pid}) statistics:\n"));
+    if let Some(dev) = v["device"].as_object() {
+        for (k, val) in dev {
+            s.push_str(&format!("     {k}: {val}\n"));
+        }
+    }
+    for q in v["qps"].as_array().into_iter().flatten() {
+        let qpn = q["qpn"].as_u64().unwrap_or(0);
+        let peer = q["peer"].as_str().unwrap_or("-");
+        s.push_str(&format!("   qp {qpn:#08x} peer {peer}:\n"));
+        if let Some(c) = q["counters"].as_object() {
+            for (k, val) in c {
+                s.push_str(&format!("     {k}: {val}\n"));
+            }
+        }
+        for p in q["paths"].as_array().into_iter().flatten() {
+            s.push_str(&format!(
+                "     path{}: port {} {} tx {} retx {} lost {} rtt_min {:.1}us srtt {:.1}us ecn {}\n",
+                p["path"],
+                p["src_port"],
+                p["state"].as_str().unwrap_or("?"),
+                p["tx_packets"],
+                p["retransmits"],
+                p["lost"],
+                p["rtt_min_ns"].as_f64().unwrap_or(0.0) / 1000.0,
+                p["rtt_smoothed_ns"].as_f64().unwrap_or(0.0) / 1000.0,
+                p["ecn_marks"],
+            ));
+        }
+    }
+    s
+}
+
+/// The directory running endpoints publish their snapshots in: `$METAROCE_RUN_DIR`, else
+/// `$XDG_RUNTIME_DIR/metaroce`, else `/tmp/metaroce-<uid>`.
+pub fn run_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("METAROCE_RUN_DIR") {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
+        return PathBuf::from(d).join("metaroce");
+    }
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    PathBuf::from(format!("/tmp/metaroce-{uid}"))
+}
+
+/// Writes this process's snapshot atomically (write, then rename).
+pub fn publish(v: &Value) -> std::io::Result<PathBuf> {
+    let dir = run_dir();
+    std::fs::create_dir_all(&dir)?;
+    let pid = std::process::id();
+    let path = dir.join(format!("{pid}.json"));
+    let tmp = dir.join(format!(".{pid}.json.tmp"));
+    std::fs::write(&tmp, serde_json::to_vec(v).map_err(std::io::Error::other)?)?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(path)
+}
+
+/// Removes this process's snapshot.
+pub fn unpublish() {
+    let _ = std::fs::remove_file(run_dir().join(format!("{}.json", std::process::id())));
+}
+
+/// The snapshots of endpoints still running (files of dead processes are skipped).
+pub fn collect(pid: Option<u32>) -> Vec<Value> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(run_dir()) else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(p) = name
+            .strip_suffix(".json")
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid.is_some_and(|want| want != p) {
+            continue;
+        }
+        if !std::path::Path::new(&format!("/proc/{p}")).exists() {
+            continue;
+        }
+        if let Ok(bytes) = std::fs::read(e.path()) {
+            if let Ok(v) = serde_json::from_slice::<Value>(&bytes) {
+                out.push(v);
+            }
+        }
+    }
+    out.sort_by_key(|v| v["pid"].as_u64());
+    out
+}

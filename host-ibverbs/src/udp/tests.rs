@@ -1,0 +1,311 @@
+//! Two devices on loopback in one thread, driven alternately.
+
+use super::*;
+use std::net::Ipv4Addr;
+
+struct Side {
+    ctx: Context,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+}
+
+fn side() -> Side {
+    let mut cfg = DeviceConfig::new(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    cfg.port = 0;
+    let ctx = Context::open(&cfg).unwrap();
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq();
+    Side { ctx, pd, cq }
+}
+
+fn pair(attr: &QpAttr) -> (Side, QueuePair, Side, QueuePair) {
+    let a = side();
+    let b = side();
+    let qa = a.pd.create_qp(&a.cq, attr).unwrap();
+    let qb = b.pd.create_qp(&b.cq, attr).unwrap();
+    qa.connect(&qb.info()).unwrap();
+    qb.connect(&qa.info()).unwrap();
+    (a, qa, b, qb)
+}
+
+/// Drives both devices until `want` completions arrived on `a` (and `b_want` on `b`).
+fn pump(
+    a: &Side,
+    b: &Side,
+    want: usize,
+    b_want: usize,
+) -> (Vec<WorkCompletion>, Vec<WorkCompletion>) {
+    let (mut wa, mut wb) = (Vec::new(), Vec::new());
+    let end = Instant::now() + Duration::from_secs(20);
+    while (wa.len() < want || wb.len() < b_want) && Instant::now() < end {
+        a.cq.poll(&mut wa, 64);
+        b.cq.poll(&mut wb, 64);
+    }
+    assert!(
+        wa.len() >= want && wb.len() >= b_want,
+        "timed out: {} {}",
+        wa.len(),
+        wb.len()
+    );
+    (wa, wb)
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+#[test]
+fn write_read_send_and_atomics_over_loopback() {
+    let (a, qa, b, qb) = pair(&QpAttr::default());
+    let rw = Access::LOCAL_WRITE
+        .union(Access::REMOTE_WRITE)
+        .union(Access::REMOTE_READ)
+        .union(Access::REMOTE_ATOMIC);
+    let src = a.pd.reg_mr(1 << 20, rw).unwrap();
+    let dst = b.pd.reg_mr(1 << 20, rw).unwrap();
+    let data = pattern(1 << 20, 7);
+    src.write(0, &data).unwrap();
+
+    // A 1 MiB Write, then a Read of it back into the second half... of a fresh region.
+    qa.post_send(&SendWr {
+        wr_id: 1,
+        op: WrOp::Write,
+        stream: 0,
+        local: src.sge(0, 1 << 20),
+        remote: dst.remote(0),
+    })
+    .unwrap();
+    let (wa, _) = pump(&a, &b, 1, 0);
+    assert_eq!(wa[0].wr_id, 1);
+    assert_eq!(wa[0].status, Status::Success);
+    assert_eq!(wa[0].kind, CompletionKind::Write);
+    assert!(
+        dst.equals(0, &data).unwrap(),
+        "the Write landed byte for byte"
+    );
+
+    let back = a.pd.reg_mr(1 << 20, Access::LOCAL_WRITE).unwrap();
+    qa.post_send(&SendWr {
+        wr_id: 2,
+        op: WrOp::Read,
+        stream: 1,
+        local: back.sge(0, 1 << 20),
+        remote: dst.remote(0),
+    })
+    .unwrap();
+    let (wa, _) = pump(&a, &b, 1, 0);
+    assert_eq!((wa[0].wr_id, wa[0].kind), (2, CompletionKind::Read));
+    assert!(back.equals(0, &data).unwrap(), "the Read brought it back");
+
+    // Sends into posted receives, with immediate data.
+    let rbuf = b.pd.reg_mr(64 << 10, Access::LOCAL_WRITE).unwrap();
+    for i in 0..4u64 {
+        qb.post_recv(100 + i, 0, rbuf.sge(i as usize * 16384, 16384))
+            .unwrap();
+    }
+    for i in 0..4u64 {
+        qa.post_send(&SendWr {
+            wr_id: 10 + i,
+            op: WrOp::SendWithImm(0xabc0 + i as u32),
+            stream: 0,
+            local: src.sge(i as usize * 1000, 10_000),
+            remote: RemoteAddr::default(),
+        })
+        .unwrap();
+    }
+    let (_, wb) = pump(&a, &b, 4, 4);
+    for (i, wc) in wb.iter().enumerate() {
+        assert_eq!(wc.wr_id, 100 + i as u64);
+        assert_eq!(wc.kind, CompletionKind::Recv);
+        assert_eq!(wc.byte_len, 10_000);
+        assert_eq!(wc.imm, Some(0xabc0 + i as u32));
+        assert!(rbuf
+            .equals(i * 16384, &data[i * 1000..i * 1000 + 10_000])
+            .unwrap());
+    }
+
+    // Fetch-and-add and compare-and-swap on the peer's first 8 bytes.
+    dst.write(0, &40u64.to_ne_bytes()).unwrap();
+    let orig = a.pd.reg_mr(16, Access::LOCAL_WRITE).unwrap();
+    qa.post_send(&SendWr {
+        wr_id: 20,
+        op: WrOp::FetchAdd(2),
+        stream: 2,
+        local: orig.sge(0, 8),
+        remote: dst.remote(0),
+    })
+    .unwrap();
+    qa.post_send(&SendWr {
+        wr_id: 21,
+        op: WrOp::CompareSwap {
+            compare: 42,
+            swap: 7,
+        },
+        stream: 2,
+        local: orig.sge(8, 8),
+        remote: dst.remote(0),
+    })
+    .unwrap();
+    pump(&a, &b, 2, 0);
+    let mut v = [0u8; 16];
+    orig.read(0, &mut v).unwrap();
+    assert_eq!(u64::from_ne_bytes(v[..8].try_into().unwrap()), 40);
+    assert_eq!(u64::from_ne_bytes(v[8..].try_into().unwrap()), 42);
+    let mut now = [0u8; 8];
+    dst.read(0, &mut now).unwrap();
+    assert_eq!(u64::from_ne_bytes(now), 7);
+    let c = a.ctx.counters();
+    assert!(c.tx_packets > 256 && c.rx_packets > 0);
+    assert_eq!(c.tx_bad_local + c.rx_drop_bad_place, 0);
+}
+
+#[test]
+fn refused_access_completes_with_an_error_and_writes_nothing() {
+    let (a, qa, b, _qb) = pair(&QpAttr::default());
+    let src = a.pd.reg_mr(8192, Access::LOCAL_WRITE).unwrap();
+    src.write(0, &[0x55; 8192]).unwrap();
+    let ro = b.pd.reg_mr(8192, Access::REMOTE_READ).unwrap();
+    qa.post_send(&SendWr {
+        wr_id: 9,
+        op: WrOp::Write,
+        stream: 0,
+        local: src.sge(0, 4096),
+        remote: ro.remote(0),
+    })
+    .unwrap();
+    // Past the end of the region.
+    qa.post_send(&SendWr {
+        wr_id: 10,
+        op: WrOp::Read,
+        stream: 1,
+        local: src.sge(0, 4096),
+        remote: ro.remote(8000),
+    })
+    .unwrap();
+    let (wa, _) = pump(&a, &b, 2, 0);
+    assert!(
+        wa.iter().all(|w| matches!(w.status, Status::Refused(_))),
+        "{wa:?}"
+    );
+    assert!(ro.to_vec().iter().all(|&x| x == 0), "nothing was written");
+}
+
+#[test]
+fn bad_posts_name_the_operation_and_the_reason() {
+    let (a, qa, _b, _qb) = pair(&QpAttr::default());
+    let mr = a.pd.reg_mr(100, Access::REMOTE_READ).unwrap();
+    let err = qa
+        .post_send(&SendWr {
+            wr_id: 1,
+            op: WrOp::Write,
+            stream: 0,
+            local: mr.sge(50, 51),
+            remote: RemoteAddr::default(),
+        })
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "post_send: local buffer 50..101 lies outside the memory region (100 bytes)"
+    );
+    let err = qa
+        .post_send(&SendWr {
+            wr_id: 1,
+            op: WrOp::Read,
+            stream: 0,
+            local: mr.sge(0, 10),
+            remote: RemoteAddr::default(),
+        })
+        .unwrap_err();
+    assert!(matches!(err.kind, ErrorKind::NoLocalWrite), "{err}");
+    let other = a.ctx.alloc_pd().reg_mr(10, Access::LOCAL_WRITE).unwrap();
+    let err = qa.post_recv(1, 0, other.sge(0, 10)).unwrap_err();
+    assert!(
+        matches!(err.kind, ErrorKind::WrongProtectionDomain),
+        "{err}"
+    );
+    let err = a.pd.reg_mr(0, Access::LOCAL_WRITE).map(|_| ()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "reg_mr: a memory region needs at least one byte"
+    );
+    let fresh = a.pd.create_qp(&a.cq, &QpAttr::default()).unwrap();
+    let err = fresh.post_recv(1, 0, mr.sge(0, 1)).unwrap_err();
+    assert!(matches!(
+        err.kind,
+        ErrorKind::NoLocalWrite | ErrorKind::NotConnected
+    ));
+    let wmr = a.pd.reg_mr(10, Access::LOCAL_WRITE).unwrap();
+    let err = fresh.post_recv(1, 0, wmr.sge(0, 1)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "post_recv: the queue pair is not connected"
+    );
+    // A device on a busy port says which port.
+    let mut cfg = DeviceConfig::new(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    cfg.port = a.ctx.local_addr().port();
+    let err = Context::open(&cfg).map(|_| ()).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("open_device: bind UDP 127.0.0.1:"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_region_dropped_with_a_request_in_flight_stays_alive_until_it_completes() {
+    let (a, qa, b, _qb) = pair(&QpAttr::default());
+    let dst = b.pd.reg_mr(1 << 16, Access::REMOTE_WRITE).unwrap();
+    {
+        let src = a.pd.reg_mr(1 << 16, Access::LOCAL_WRITE).unwrap();
+        src.write(0, &[0xa5; 1 << 16]).unwrap();
+        qa.post_send(&SendWr {
+            wr_id: 1,
+            op: WrOp::Write,
+            stream: 0,
+            local: src.sge(0, 1 << 16),
+            remote: dst.remote(0),
+        })
+        .unwrap();
+    }
+    pump(&a, &b, 1, 0);
+    assert!(dst.to_vec().iter().all(|&x| x == 0xa5));
+}
+
+#[test]
+fn datagrams_for_unknown_queue_pairs_or_from_strangers_are_counted_and_dropped() {
+    let (a, qa, b, qb) = pair(&QpAttr::default());
+    let stranger = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let target = b.ctx.local_addr();
+    stranger.send_to(b"x", target).unwrap();
+    let mut bogus = [0u8; 64];
+    bogus[5..8].copy_from_slice(&[0xde, 0xad, 0x01]);
+    stranger.send_to(&bogus, target).unwrap();
+    // Right QPN, but from an address that is not the peer's... on loopback, the same IP: it
+    // reaches the connection, whose ICRC check drops it.
+    bogus[5..8].copy_from_slice(&qb.qpn().to_be_bytes()[1..]);
+    stranger.send_to(&bogus, target).unwrap();
+    let end = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < end && b.ctx.counters().rx_packets < 3 {
+        b.ctx.progress(Duration::from_millis(5));
+    }
+    let c = b.ctx.counters();
+    assert_eq!(c.rx_drop_runt, 1);
+    assert_eq!(c.rx_drop_unknown_qp, 1);
+    assert_eq!(qb.counters().drop_malformed, 1);
+    // The connection still works.
+    let src = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let dst = b.pd.reg_mr(4096, Access::REMOTE_WRITE).unwrap();
+    src.write(0, &[9; 4096]).unwrap();
+    qa.post_send(&SendWr {
+        wr_id: 5,
+        op: WrOp::Write,
+        stream: 0,
+        local: src.sge(0, 4096),
+        remote: dst.remote(0),
+    })
+    .unwrap();
+    pump(&a, &b, 1, 0);
+    assert!(dst.to_vec().iter().all(|&x| x == 9));
+}
