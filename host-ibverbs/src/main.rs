@@ -10,6 +10,9 @@ use std::io::{self, BufRead, BufWriter, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+mod tools;
+use host_ibverbs::perf::Test;
+
 #[derive(Parser)]
 #[command(
     name = "metaroce",
@@ -59,6 +62,49 @@ enum Command {
     /// Run two connections against each other over a virtual lossy link in virtual time, move
     /// real bytes and verify every one. Exits 1 if any byte is wrong, missing or delivered twice.
     Selftest(SelftestArgs),
+    /// RDMA Write bandwidth test (server without an address, client with one).
+    #[command(name = "write-bw")]
+    WriteBw(tools::PerfArgs),
+    /// RDMA Write latency test (ping-pong of Writes with immediate).
+    #[command(name = "write-lat")]
+    WriteLat(tools::PerfArgs),
+    /// Send bandwidth test.
+    #[command(name = "send-bw")]
+    SendBw(tools::PerfArgs),
+    /// Send latency test (ping-pong).
+    #[command(name = "send-lat")]
+    SendLat(tools::PerfArgs),
+    /// RDMA Read bandwidth test.
+    #[command(name = "read-bw")]
+    ReadBw(tools::PerfArgs),
+    /// RDMA Read latency test.
+    #[command(name = "read-lat")]
+    ReadLat(tools::PerfArgs),
+    /// A Write bandwidth and a Write latency run over UDP on 127.0.0.1 inside this process:
+    /// no configuration, no privileges.
+    Loopback {
+        /// Seconds of the bandwidth run.
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+        /// Print JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List RDMA devices and the interfaces the UDP transport can use.
+    Devices {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the counters of running endpoints (ethtool -S style).
+    Stats {
+        /// Only this process.
+        #[arg(long)]
+        pid: Option<u32>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -173,6 +219,15 @@ fn main() -> ExitCode {
             pcap,
         } => run_gen(count, seed, kind, pcap),
         Command::Selftest(args) => run_selftest(&args),
+        Command::WriteBw(a) => return tools::run_perf(Test::WriteBw, &a),
+        Command::WriteLat(a) => return tools::run_perf(Test::WriteLat, &a),
+        Command::SendBw(a) => return tools::run_perf(Test::SendBw, &a),
+        Command::SendLat(a) => return tools::run_perf(Test::SendLat, &a),
+        Command::ReadBw(a) => return tools::run_perf(Test::ReadBw, &a),
+        Command::ReadLat(a) => return tools::run_perf(Test::ReadLat, &a),
+        Command::Loopback { seconds, json } => return tools::run_loopback(json, seconds),
+        Command::Devices { json } => return tools::run_devices(json),
+        Command::Stats { pid, json } => return tools::run_stats(pid, json),
     };
     match result {
         Ok(code) => code,

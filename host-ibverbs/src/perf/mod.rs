@@ -1,0 +1,602 @@
+//! perftest-style bandwidth and latency tests over the UDP transport: `write-bw`, `write-lat`,
+//! `send-bw`, `send-lat`, `read-bw`, `read-lat`.
+//!
+//! A server (no address) waits for one client on a TCP port; the client sends its parameters,
+//! both ends create their queue pairs and trade them, then every message size runs as a phase:
+//! the client says `go` with its memory keys, the server answers `ready` with its own, the
+//! client runs, says `done`, and the server answers `result` saying whether every byte it
+//! received was right. Data is a pattern unique per connection and slot, so a misplaced packet
+//! fails verification.
+
+mod run;
+
+use crate::oob::{Channel, Message, OobError};
+use crate::udp::{
+    self, Access, CompletionQueue, Context, DeviceConfig, MemoryRegion, ProtectionDomain, QpAttr,
+    QpInfo, QueuePair, RemoteAddr,
+};
+use serde_json::json;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use run::{BwResult, LatResult};
+
+/// Which test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Test {
+    /// RDMA Write bandwidth.
+    WriteBw,
+    /// RDMA Write latency (ping-pong of Writes with immediate).
+    WriteLat,
+    /// Send bandwidth.
+    SendBw,
+    /// Send latency (ping-pong).
+    SendLat,
+    /// RDMA Read bandwidth.
+    ReadBw,
+    /// RDMA Read latency.
+    ReadLat,
+}
+
+impl Test {
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Test::WriteBw => "write-bw",
+            Test::WriteLat => "write-lat",
+            Test::SendBw => "send-bw",
+            Test::SendLat => "send-lat",
+            Test::ReadBw => "read-bw",
+            Test::ReadLat => "read-lat",
+        }
+    }
+
+    /// The test of a name.
+    pub fn from_name(s: &str) -> Option<Test> {
+        [
+            Test::WriteBw,
+            Test::WriteLat,
+            Test::SendBw,
+            Test::SendLat,
+            Test::ReadBw,
+            Test::ReadLat,
+        ]
+        .into_iter()
+        .find(|t| t.name() == s)
+    }
+
+    /// Whether it measures latency.
+    pub fn is_latency(self) -> bool {
+        matches!(self, Test::WriteLat | Test::SendLat | Test::ReadLat)
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct PerfConfig {
+    /// The test.
+    pub test: Test,
+    /// The server to connect to (client mode), or None (server mode).
+    pub server: Option<String>,
+    /// TCP port of the exchange.
+    pub port: u16,
+    /// UDP port to receive data on.
+    pub data_port: u16,
+    /// Local address to use (default: the one the exchange's TCP connection uses).
+    pub bind: Option<IpAddr>,
+    /// Message size.
+    pub size: usize,
+    /// Iterations per connection.
+    pub iters: u64,
+    /// Run for this long instead of a number of iterations.
+    pub duration: Option<Duration>,
+    /// Connections.
+    pub qps: u32,
+    /// Paths per connection.
+    pub paths: u8,
+    /// Payload bytes per packet.
+    pub mtu: u32,
+    /// Packets in flight per path.
+    pub window: u32,
+    /// Work requests in flight per connection (bandwidth tests).
+    pub tx_depth: u32,
+    /// All sizes from 2 bytes to 8 MiB.
+    pub all_sizes: bool,
+    /// Spin instead of sleeping.
+    pub busy_poll: bool,
+    /// Capture file.
+    pub pcap: Option<PathBuf>,
+    /// Print a progress line every second on long runs.
+    pub progress: bool,
+    /// Publish counters for `metaroce stats`.
+    pub publish_stats: bool,
+}
+
+impl PerfConfig {
+    /// perftest's defaults for `test`: 65536 bytes and 5000 iterations for bandwidth, 2 bytes
+    /// and 1000 iterations for latency.
+    pub fn new(test: Test) -> PerfConfig {
+        PerfConfig {
+            test,
+            server: None,
+            port: crate::oob::DEFAULT_PORT,
+            data_port: transport_core::wire::ROCEV2_PORT,
+            bind: None,
+            size: if test.is_latency() { 2 } else { 65536 },
+            iters: if test.is_latency() { 1000 } else { 5000 },
+            duration: None,
+            qps: 1,
+            paths: 8,
+            mtu: 4096,
+            window: 16,
+            tx_depth: 128,
+            all_sizes: false,
+            busy_poll: false,
+            pcap: None,
+            progress: true,
+            publish_stats: true,
+        }
+    }
+
+    /// The sizes the run covers.
+    pub fn sizes(&self) -> Vec<usize> {
+        if self.all_sizes {
+            (1..=23).map(|i| 1usize << i).collect()
+        } else {
+            vec![self.size]
+        }
+    }
+}
+
+/// Why a run failed.
+#[derive(Debug)]
+pub enum PerfError {
+    /// The exchange failed.
+    Oob(OobError),
+    /// The transport failed.
+    Transport(udp::Error),
+    /// A work request completed with an error.
+    Completion(String),
+    /// Nothing completed for too long.
+    Stalled(String),
+    /// The two ends disagree on what to run.
+    Mismatch(String),
+    /// A parameter is out of range.
+    Invalid(String),
+}
+
+impl fmt::Display for PerfError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PerfError::Oob(e) => write!(f, "exchange: {e}"),
+            PerfError::Transport(e) => write!(f, "{e}"),
+            PerfError::Completion(m) => write!(f, "completion error: {m}"),
+            PerfError::Stalled(m) => write!(f, "stalled: {m}"),
+            PerfError::Mismatch(m) => write!(f, "{m}"),
+            PerfError::Invalid(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+impl std::error::Error for PerfError {}
+
+impl From<OobError> for PerfError {
+    fn from(e: OobError) -> Self {
+        PerfError::Oob(e)
+    }
+}
+
+impl From<udp::Error> for PerfError {
+    fn from(e: udp::Error) -> Self {
+        PerfError::Transport(e)
+    }
+}
+
+/// One line of results.
+#[derive(Debug, Clone)]
+pub enum Report {
+    /// A bandwidth phase.
+    Bw(BwResult),
+    /// A latency phase.
+    Lat(LatResult),
+}
+
+impl Report {
+    /// The JSON object with the documented keys.
+    pub fn to_json(&self, test: Test) -> serde_json::Value {
+        match self {
+            Report::Bw(r) => json!({
+                "test": test.name(),
+                "bytes": r.size,
+                "iterations": r.iterations,
+                "total_bytes": r.total_bytes,
+                "bw_peak_gbps": r.bw_peak_gbps,
+                "bw_avg_gbps": r.bw_avg_gbps,
+                "msg_rate_mpps": r.msg_rate_mpps,
+                "verified": r.verified,
+                "seconds": r.seconds,
+                "retransmits": r.retransmits,
+            }),
+            Report::Lat(r) => json!({
+                "test": test.name(),
+                "bytes": r.size,
+                "iterations": r.iterations,
+                "t_min_us": r.t_min_us,
+                "t_avg_us": r.t_avg_us,
+                "p50_us": r.p50_us,
+                "p99_us": r.p99_us,
+                "p999_us": r.p999_us,
+                "t_max_us": r.t_max_us,
+                "t_stdev_us": r.t_stdev_us,
+                "verified": r.verified,
+            }),
+        }
+    }
+
+    /// Whether every byte checked out.
+    pub fn verified(&self) -> bool {
+        match self {
+            Report::Bw(r) => r.verified,
+            Report::Lat(r) => r.verified,
+        }
+    }
+}
+
+const RULE: &str =
+    "---------------------------------------------------------------------------------------";
+
+/// perftest's table header.
+pub fn table_header(test: Test, gbits: bool) -> String {
+    if test.is_latency() {
+        format!(
+            "{RULE}\n #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]"
+        )
+    } else {
+        let unit = if gbits { "Gb/sec" } else { "MB/sec" };
+        format!(
+            "{RULE}\n #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]"
+        )
+    }
+}
+
+/// perftest's table line.
+pub fn table_line(r: &Report, gbits: bool) -> String {
+    match r {
+        Report::Bw(b) => {
+            let conv = |gbps: f64| if gbits { gbps } else { gbps * 1e9 / 8.0 / 1048576.0 };
+            format!(
+                " {:<10} {:<10}       {:.2}            {:.2}\t\t   {:.6}",
+                b.size,
+                b.iterations,
+                conv(b.bw_peak_gbps),
+                conv(b.bw_avg_gbps),
+                b.msg_rate_mpps
+            )
+        }
+        Report::Lat(l) => format!(
+            " {:<7} {:<10}   {:<7.2}        {:<7.2}      {:<7.2}          {:<7.2}        {:<7.2}         {:<7.2}                {:<7.2}",
+            l.size,
+            l.iterations,
+            l.t_min_us,
+            l.t_max_us,
+            l.p50_us,
+            l.t_avg_us,
+            l.t_stdev_us,
+            l.p99_us,
+            l.p999_us
+        ),
+    }
+}
+
+/// Both ends' resources.
+pub(crate) struct Endpoint {
+    pub ctx: Context,
+    pub pd: ProtectionDomain,
+    pub cq: CompletionQueue,
+    pub qps: Vec<QueuePair>,
+}
+
+/// A peer's buffer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RemoteBuf {
+    pub va: u64,
+    pub rkey: u32,
+    pub len: u64,
+}
+
+impl RemoteBuf {
+    pub fn at(&self, offset: usize) -> RemoteAddr {
+        RemoteAddr {
+            va: self.va + offset as u64,
+            rkey: self.rkey,
+        }
+    }
+}
+
+pub(crate) const ALL_ACCESS: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ)
+    .union(Access::REMOTE_ATOMIC);
+
+/// Buffer bytes per connection at most.
+const BUF_BYTES: usize = 64 << 20;
+
+/// Slots (distinct message buffers) per connection for a phase.
+pub(crate) fn slots_for(size: usize, iters: u64, qps: u32, duration: bool) -> usize {
+    let cap = (BUF_BYTES / qps.max(1) as usize / size.max(1)).max(1);
+    if duration {
+        cap.min(4096)
+    } else {
+        cap.min(iters.max(1) as usize)
+    }
+}
+
+fn encode_qps(qps: &[QueuePair]) -> String {
+    qps.iter()
+        .map(|q| {
+            let i = q.info();
+            format!("{}:{}", i.qpn, i.psn)
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn decode_qps(s: &str, addr: SocketAddr) -> Result<Vec<QpInfo>, OobError> {
+    s.split(',')
+        .map(|p| {
+            let (q, s) = p
+                .split_once(':')
+                .ok_or_else(|| OobError::Field(format!("qp {p:?}")))?;
+            Ok(QpInfo {
+                qpn: q
+                    .parse()
+                    .map_err(|_| OobError::Field(format!("qpn {q:?}")))?,
+                psn: s
+                    .parse()
+                    .map_err(|_| OobError::Field(format!("psn {s:?}")))?,
+                addr,
+            })
+        })
+        .collect()
+}
+
+pub(crate) fn encode_bufs(mrs: &[MemoryRegion]) -> String {
+    mrs.iter()
+        .map(|m| format!("{}:{}:{}", m.addr(), m.rkey(), m.len()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+pub(crate) fn decode_bufs(s: &str) -> Result<Vec<RemoteBuf>, OobError> {
+    s.split(',')
+        .map(|p| {
+            let mut it = p.split(':');
+            let mut next = || {
+                it.next()
+                    .and_then(|x| x.parse::<u64>().ok())
+                    .ok_or_else(|| OobError::Field(format!("buffer {p:?}")))
+            };
+            Ok(RemoteBuf {
+                va: next()?,
+                rkey: next()? as u32,
+                len: next()?,
+            })
+        })
+        .collect()
+}
+
+fn open_endpoint(
+    cfg: &PerfConfig,
+    local_ip: IpAddr,
+    fallback_port: bool,
+) -> Result<Endpoint, PerfError> {
+    let mut dc = DeviceConfig::new(local_ip);
+    dc.port = cfg.data_port;
+    dc.busy_poll = cfg.busy_poll;
+    dc.pcap = cfg.pcap.clone();
+    let ctx = match Context::open(&dc) {
+        Ok(c) => c,
+        Err(e)
+            if fallback_port
+                && matches!(&e.kind, udp::ErrorKind::Io { source, .. }
+                    if source.kind() == std::io::ErrorKind::AddrInUse) =>
+        {
+            // Both ends on one host: the server holds the port, take any other.
+            dc.port = 0;
+            Context::open(&dc)?
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq();
+    let attr = QpAttr {
+        paths: cfg.paths,
+        mtu: cfg.mtu,
+        window_per_path: cfg.window,
+        ..QpAttr::default()
+    };
+    let qps = (0..cfg.qps)
+        .map(|_| pd.create_qp(&cq, &attr))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Endpoint { ctx, pd, cq, qps })
+}
+
+fn validate(cfg: &PerfConfig) -> Result<(), PerfError> {
+    if cfg.qps == 0 || cfg.qps > 64 {
+        return Err(PerfError::Invalid("-q must be 1 to 64".into()));
+    }
+    if cfg.paths == 0 || usize::from(cfg.paths) > udp::MAX_PATHS {
+        return Err(PerfError::Invalid("--paths must be 1 to 64".into()));
+    }
+    if cfg.size == 0 && !cfg.all_sizes {
+        return Err(PerfError::Invalid("-s must be at least 1".into()));
+    }
+    if cfg.size > (1 << 30) {
+        return Err(PerfError::Invalid("-s must be at most 1 GiB".into()));
+    }
+    if cfg.iters == 0 && cfg.duration.is_none() {
+        return Err(PerfError::Invalid("-n must be at least 1".into()));
+    }
+    if cfg.tx_depth == 0 {
+        return Err(PerfError::Invalid("-t must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// Runs the client side: connects, runs every phase, returns one report per size.
+pub fn run_client(
+    cfg: &PerfConfig,
+    mut on_report: impl FnMut(&Report),
+) -> Result<Vec<Report>, PerfError> {
+    validate(cfg)?;
+    let host = cfg.server.clone().unwrap_or_default();
+    let mut chan = Channel::connect(&host, cfg.port, Duration::from_secs(5))?;
+    let local_ip = cfg
+        .bind
+        .unwrap_or(chan.local_addr().map_err(OobError::Io)?.ip());
+    let ep = open_endpoint(cfg, local_ip, true)?;
+    let mut hello = Message::new("hello")
+        .with("test", cfg.test.name())
+        .with("qps", cfg.qps)
+        .with("paths", cfg.paths)
+        .with("mtu", cfg.mtu)
+        .with("window", cfg.window)
+        .with("busy", u8::from(cfg.busy_poll))
+        .with("data", ep.ctx.local_addr())
+        .with("qp", encode_qps(&ep.qps));
+    if let Some(d) = cfg.duration {
+        hello = hello.with("duration_ms", d.as_millis());
+    }
+    chan.send(&hello)?;
+    let reply = chan.expect("hello", Some(Duration::from_secs(10)))?;
+    let data: SocketAddr = reply.get("data")?;
+    let peers = decode_qps(reply.text("qp")?, data)?;
+    if peers.len() != ep.qps.len() {
+        return Err(PerfError::Mismatch(format!(
+            "the server made {} connections, {} were asked",
+            peers.len(),
+            ep.qps.len()
+        )));
+    }
+    for (q, p) in ep.qps.iter().zip(&peers) {
+        q.connect(p)?;
+    }
+    let mut reports = Vec::new();
+    for size in cfg.sizes() {
+        let r = run::client_phase(cfg, &ep, &mut chan, size)?;
+        on_report(&r);
+        reports.push(r);
+    }
+    chan.send(&Message::new("bye"))?;
+    ep.ctx
+        .finish_pcap()
+        .map_err(|e| PerfError::Invalid(format!("capture: {e}")))?;
+    Ok(reports)
+}
+
+/// What a server did for one client.
+#[derive(Debug, Clone)]
+pub struct Served {
+    /// The client's test.
+    pub test: Test,
+    /// Phases run.
+    pub phases: u32,
+    /// Whether everything the server checked was right.
+    pub verified: bool,
+    /// Bytes the server checked.
+    pub bytes_checked: u64,
+}
+
+/// Runs the server side for one client on `listener`.
+pub fn serve_one(cfg: &PerfConfig, listener: &TcpListener) -> Result<Served, PerfError> {
+    let mut chan = Channel::accept(listener)?;
+    let r = serve_channel(cfg, &mut chan);
+    if let Err(e) = &r {
+        chan.send_error(&e.to_string());
+    }
+    r
+}
+
+fn serve_channel(cfg: &PerfConfig, chan: &mut Channel) -> Result<Served, PerfError> {
+    let hello = chan.expect("hello", Some(Duration::from_secs(30)))?;
+    let test_name = hello.text("test")?;
+    let test = Test::from_name(test_name)
+        .ok_or_else(|| PerfError::Mismatch(format!("unknown test {test_name:?}")))?;
+    if test != cfg.test {
+        return Err(PerfError::Mismatch(format!(
+            "the server runs {}, the client asked for {}",
+            cfg.test.name(),
+            test.name()
+        )));
+    }
+    let mut mine = cfg.clone();
+    mine.qps = hello.get("qps")?;
+    mine.paths = hello.get("paths")?;
+    mine.mtu = hello.get("mtu")?;
+    mine.window = hello.get("window")?;
+    mine.duration = hello
+        .get::<u64>("duration_ms")
+        .ok()
+        .map(Duration::from_millis);
+    validate(&mine)?;
+    let local_ip = cfg
+        .bind
+        .unwrap_or(chan.local_addr().map_err(OobError::Io)?.ip());
+    let ep = open_endpoint(&mine, local_ip, false)?;
+    let data: SocketAddr = hello.get("data")?;
+    let peers = decode_qps(hello.text("qp")?, data)?;
+    if peers.len() != ep.qps.len() {
+        return Err(PerfError::Invalid("qp list length differs from qps".into()));
+    }
+    for (q, p) in ep.qps.iter().zip(&peers) {
+        q.connect(p)?;
+    }
+    chan.send(
+        &Message::new("hello")
+            .with("data", ep.ctx.local_addr())
+            .with("qp", encode_qps(&ep.qps)),
+    )?;
+    let mut served = Served {
+        test,
+        phases: 0,
+        verified: true,
+        bytes_checked: 0,
+    };
+    loop {
+        let m = chan.recv(None)?;
+        match m.verb.as_str() {
+            "go" => {
+                let (ok, bytes) = run::server_phase(&mine, &ep, chan, &m)?;
+                served.phases += 1;
+                served.verified &= ok;
+                served.bytes_checked += bytes;
+            }
+            "bye" => break,
+            other => {
+                return Err(PerfError::Invalid(format!("unexpected {other}")));
+            }
+        }
+    }
+    ep.ctx
+        .finish_pcap()
+        .map_err(|e| PerfError::Invalid(format!("capture: {e}")))?;
+    Ok(served)
+}
+
+/// Fills `out` with the pattern of connection `qp`, slot `slot`, phase seed `seed`.
+pub(crate) fn pattern(out: &mut [u8], seed: u64, qp: usize, slot: usize) {
+    let mut s = seed ^ ((qp as u64) << 40) ^ ((slot as u64) << 8) ^ 0x5851_f42d_4c95_7f2d;
+    for chunk in out.chunks_mut(8) {
+        s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = s;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        chunk.copy_from_slice(&z.to_le_bytes()[..chunk.len()]);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,713 @@
+//! The phases: what the client and the server do for one message size.
+
+use super::{
+    decode_bufs, encode_bufs, pattern, slots_for, Endpoint, PerfConfig, PerfError, RemoteBuf,
+    Report, Test, ALL_ACCESS,
+};
+use crate::oob::{Channel, Message};
+use crate::udp::{
+    stats, CompletionKind, MemoryRegion, RemoteAddr, SendWr, Status, WorkCompletion, WrOp, STREAMS,
+};
+use std::time::{Duration, Instant};
+
+/// Results of a bandwidth phase.
+#[derive(Debug, Clone, Default)]
+pub struct BwResult {
+    /// Message size.
+    pub size: usize,
+    /// Messages completed, all connections.
+    pub iterations: u64,
+    /// Bytes moved.
+    pub total_bytes: u64,
+    /// Seconds from the first post to the last completion.
+    pub seconds: f64,
+    /// Highest bandwidth over a tenth of the run (at least 10 ms), Gb/s.
+    pub bw_peak_gbps: f64,
+    /// Average bandwidth, Gb/s.
+    pub bw_avg_gbps: f64,
+    /// Messages per second, millions.
+    pub msg_rate_mpps: f64,
+    /// Whether every byte was verified equal (by the server for Writes and Sends, by the
+    /// client for Reads).
+    pub verified: bool,
+    /// Packets sent again, all connections.
+    pub retransmits: u64,
+}
+
+/// Results of a latency phase (microseconds; half the round trip for Write and Send, as
+/// perftest reports them, the whole operation for Read).
+#[derive(Debug, Clone, Default)]
+pub struct LatResult {
+    /// Message size.
+    pub size: usize,
+    /// Samples.
+    pub iterations: u64,
+    /// Smallest.
+    pub t_min_us: f64,
+    /// Mean.
+    pub t_avg_us: f64,
+    /// Median.
+    pub p50_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// 99.9th percentile.
+    pub p999_us: f64,
+    /// Largest.
+    pub t_max_us: f64,
+    /// Standard deviation.
+    pub t_stdev_us: f64,
+    /// Whether every byte was right.
+    pub verified: bool,
+}
+
+/// No completion for this long is a stall.
+const STALL: Duration = Duration::from_secs(15);
+
+struct Buffers {
+    /// Own pattern, source of Writes and Sends, target of the peer's Reads.
+    src: Vec<MemoryRegion>,
+    /// Target of the peer's Writes, destination of Reads and receives.
+    dst: Vec<MemoryRegion>,
+}
+
+fn buffers(ep: &Endpoint, slots: usize, size: usize, seed: u64) -> Result<Buffers, PerfError> {
+    let bytes = (slots * size).max(8);
+    let mut src = Vec::new();
+    let mut dst = Vec::new();
+    let mut tmp = vec![0u8; size];
+    for q in 0..ep.qps.len() {
+        let s = ep.pd.reg_mr(bytes, ALL_ACCESS)?;
+        for slot in 0..slots {
+            pattern(&mut tmp, seed, q, slot);
+            s.write(slot * size, &tmp)?;
+        }
+        src.push(s);
+        dst.push(ep.pd.reg_mr(bytes, ALL_ACCESS)?);
+    }
+    Ok(Buffers { src, dst })
+}
+
+fn server_seed(seed: u64) -> u64 {
+    seed.rotate_left(17) ^ 0xdead_beef
+}
+
+fn check(wc: &WorkCompletion) -> Result<(), PerfError> {
+    match wc.status {
+        Status::Success => Ok(()),
+        Status::Refused(r) => Err(PerfError::Completion(format!(
+            "work request {:#x} on qp {:#x}: refused by the peer ({})",
+            wc.wr_id,
+            wc.qp_num,
+            r.name()
+        ))),
+    }
+}
+
+fn qp_of(wr_id: u64) -> usize {
+    (wr_id >> 48) as usize
+}
+
+fn wr_id(qp: usize, n: u64) -> u64 {
+    ((qp as u64) << 48) | (n & 0xffff_ffff_ffff)
+}
+
+struct Publisher {
+    last: Instant,
+    name: String,
+    on: bool,
+}
+
+impl Publisher {
+    fn new(name: String, on: bool) -> Publisher {
+        Publisher {
+            last: Instant::now() - Duration::from_secs(1),
+            name,
+            on,
+        }
+    }
+
+    fn tick(&mut self, ep: &Endpoint) {
+        if self.on && self.last.elapsed() >= Duration::from_millis(500) {
+            self.last = Instant::now();
+            let v = stats::to_json(
+                std::process::id(),
+                &self.name,
+                &ep.ctx.counters(),
+                &ep.ctx.snapshot(),
+            );
+            let _ = stats::publish(&v);
+        }
+    }
+}
+
+fn matches(
+    mr: &MemoryRegion,
+    offset: usize,
+    tmp: &mut [u8],
+    seed: u64,
+    q: usize,
+    slot: usize,
+) -> bool {
+    pattern(tmp, seed, q, slot);
+    mr.equals(offset, tmp).unwrap_or(false)
+}
+
+/// The client's side of one phase.
+pub(super) fn client_phase(
+    cfg: &PerfConfig,
+    ep: &Endpoint,
+    chan: &mut Channel,
+    size: usize,
+) -> Result<Report, PerfError> {
+    let slots = slots_for(size, cfg.iters, cfg.qps, cfg.duration.is_some());
+    let seed = Instant::now().elapsed().as_nanos() as u64
+        ^ (u64::from(std::process::id()) << 20)
+        ^ size as u64;
+    let bufs = buffers(ep, slots, size, seed)?;
+    chan.send(
+        &Message::new("go")
+            .with("size", size)
+            .with("iters", cfg.iters)
+            .with("slots", slots)
+            .with("seed", seed)
+            .with("dst", encode_bufs(&bufs.dst))
+            .with("src", encode_bufs(&bufs.src)),
+    )?;
+    // The server may be filling buffers of many megabytes.
+    let ready = loop {
+        ep.ctx.progress(Duration::from_millis(1));
+        if let Some(m) = chan.poll()? {
+            break m;
+        }
+    };
+    if ready.verb != "ready" {
+        return Err(PerfError::Invalid(format!(
+            "expected ready, got {}",
+            ready.verb
+        )));
+    }
+    let peer_dst = decode_bufs(ready.text("dst")?)?;
+    let peer_src = decode_bufs(ready.text("src")?)?;
+    let need = (slots * size) as u64;
+    if peer_dst.len() != ep.qps.len()
+        || peer_src.len() != ep.qps.len()
+        || peer_dst.iter().chain(&peer_src).any(|b| b.len < need)
+    {
+        return Err(PerfError::Mismatch(format!(
+            "the server's buffers do not hold {slots} slots of {size} bytes per connection"
+        )));
+    }
+    let mut publisher = Publisher::new(
+        format!("metaroce {} client", cfg.test.name()),
+        cfg.publish_stats,
+    );
+    let before: u64 = ep.qps.iter().map(|q| q.counters().retransmitted).sum();
+    let report = if cfg.test.is_latency() {
+        Report::Lat(client_lat(
+            cfg,
+            ep,
+            &bufs,
+            &peer_dst,
+            &peer_src,
+            size,
+            slots,
+            seed,
+            &mut publisher,
+        )?)
+    } else {
+        let (mut r, counts) = client_bw(
+            cfg,
+            ep,
+            &bufs,
+            &peer_dst,
+            &peer_src,
+            size,
+            slots,
+            &mut publisher,
+        )?;
+        r.retransmits = ep
+            .qps
+            .iter()
+            .map(|q| q.counters().retransmitted)
+            .sum::<u64>()
+            - before;
+        let counts_s = counts
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        chan.send(&Message::new("done").with("counts", counts_s))?;
+        let result = loop {
+            ep.ctx.progress(Duration::from_millis(1));
+            if let Some(m) = chan.poll()? {
+                break m;
+            }
+        };
+        let server_ok = result.get::<u8>("verified")? == 1;
+        if cfg.test == Test::ReadBw {
+            let mut tmp = vec![0u8; size];
+            let sseed = server_seed(seed);
+            r.verified = counts.iter().enumerate().all(|(q, &c)| {
+                (0..slots.min(c as usize))
+                    .all(|s| matches(&bufs.dst[q], s * size, &mut tmp, sseed, q, s))
+            }) && server_ok;
+        } else {
+            r.verified = server_ok;
+        }
+        return Ok(Report::Bw(r));
+    };
+    chan.send(&Message::new("done").with("counts", cfg.iters))?;
+    let result = loop {
+        ep.ctx.progress(Duration::from_millis(1));
+        if let Some(m) = chan.poll()? {
+            break m;
+        }
+    };
+    let server_ok = result.get::<u8>("verified")? == 1;
+    Ok(match report {
+        Report::Lat(mut l) => {
+            l.verified &= server_ok;
+            Report::Lat(l)
+        }
+        other => other,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn client_bw(
+    cfg: &PerfConfig,
+    ep: &Endpoint,
+    bufs: &Buffers,
+    peer_dst: &[RemoteBuf],
+    peer_src: &[RemoteBuf],
+    size: usize,
+    slots: usize,
+    publisher: &mut Publisher,
+) -> Result<(BwResult, Vec<u64>), PerfError> {
+    let q = ep.qps.len();
+    let mut posted = vec![0u64; q];
+    let mut done = vec![0u64; q];
+    let depth = u64::from(cfg.tx_depth);
+    let start = Instant::now();
+    let mut last_completion = start;
+    let mut last_print = start;
+    // Bytes completed per 1 ms bucket, for the peak.
+    let mut buckets: Vec<u64> = Vec::new();
+    let mut wcs = Vec::with_capacity(256);
+    loop {
+        let now = Instant::now();
+        let elapsed = now - start;
+        let stop = cfg.duration.is_some_and(|d| elapsed >= d);
+        for (i, qp) in ep.qps.iter().enumerate() {
+            while !stop
+                && posted[i] - done[i] < depth
+                && (cfg.duration.is_some() || posted[i] < cfg.iters)
+            {
+                let n = posted[i];
+                let slot = (n % slots as u64) as usize;
+                let (op, local, remote) = match cfg.test {
+                    Test::WriteBw => (WrOp::Write, &bufs.src[i], peer_dst[i].at(slot * size)),
+                    Test::ReadBw => (WrOp::Read, &bufs.dst[i], peer_src[i].at(slot * size)),
+                    _ => (WrOp::Send, &bufs.src[i], RemoteAddr::default()),
+                };
+                let wr = SendWr {
+                    wr_id: wr_id(i, n),
+                    op,
+                    stream: (n % STREAMS as u64) as u16,
+                    local: local.sge(slot * size, size),
+                    remote,
+                };
+                match qp.post_send(&wr) {
+                    Ok(()) => posted[i] += 1,
+                    Err(e)
+                        if matches!(
+                            e.kind,
+                            crate::udp::ErrorKind::Post(transport_core::conn::PostError::QueueFull)
+                        ) =>
+                    {
+                        break
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        wcs.clear();
+        ep.cq.poll(&mut wcs, 256);
+        if !wcs.is_empty() {
+            last_completion = now;
+            let b = elapsed.as_millis() as usize;
+            if buckets.len() <= b {
+                buckets.resize(b + 1, 0);
+            }
+            for wc in &wcs {
+                check(wc)?;
+                done[qp_of(wc.wr_id)] += 1;
+                buckets[b] += size as u64;
+            }
+        } else if now - last_completion > STALL && posted != done {
+            return Err(PerfError::Stalled(format!(
+                "no completion for {} s ({} of {} done); counters: {:?}",
+                STALL.as_secs(),
+                done.iter().sum::<u64>(),
+                posted.iter().sum::<u64>(),
+                ep.ctx.counters()
+            )));
+        }
+        let finished = posted == done
+            && (stop || (cfg.duration.is_none() && posted.iter().all(|&p| p >= cfg.iters)));
+        if finished {
+            break;
+        }
+        publisher.tick(ep);
+        if cfg.progress
+            && elapsed >= Duration::from_secs(3)
+            && now - last_print >= Duration::from_secs(1)
+        {
+            last_print = now;
+            let bytes: u64 = done.iter().sum::<u64>() * size as u64;
+            eprintln!(
+                "  {:6.1} s  {:10} messages  {:8.2} Gb/s average",
+                elapsed.as_secs_f64(),
+                done.iter().sum::<u64>(),
+                bytes as f64 * 8.0 / elapsed.as_secs_f64() / 1e9
+            );
+        }
+    }
+    let secs = start.elapsed().as_secs_f64().max(1e-9);
+    let iterations: u64 = done.iter().sum();
+    let total = iterations * size as u64;
+    // Peak: the best window of a tenth of the run, at least 10 ms.
+    let w = (buckets.len() / 10).max(10);
+    let peak = if buckets.len() <= w {
+        total as f64 / secs
+    } else {
+        let mut sum: u64 = buckets[..w].iter().sum();
+        let mut best = sum;
+        for i in w..buckets.len() {
+            sum += buckets[i];
+            sum -= buckets[i - w];
+            best = best.max(sum);
+        }
+        best as f64 / (w as f64 / 1000.0)
+    };
+    let avg = total as f64 / secs;
+    Ok((
+        BwResult {
+            size,
+            iterations,
+            total_bytes: total,
+            seconds: secs,
+            bw_peak_gbps: peak.max(avg) * 8.0 / 1e9,
+            bw_avg_gbps: avg * 8.0 / 1e9,
+            msg_rate_mpps: iterations as f64 / secs / 1e6,
+            verified: false,
+            retransmits: 0,
+        },
+        done,
+    ))
+}
+
+/// Receive buffers per connection for latency tests.
+const LAT_RECVS: usize = 16;
+
+#[allow(clippy::too_many_arguments)]
+fn client_lat(
+    cfg: &PerfConfig,
+    ep: &Endpoint,
+    bufs: &Buffers,
+    peer_dst: &[RemoteBuf],
+    peer_src: &[RemoteBuf],
+    size: usize,
+    slots: usize,
+    seed: u64,
+    publisher: &mut Publisher,
+) -> Result<LatResult, PerfError> {
+    let rbuf = ep.pd.reg_mr(LAT_RECVS * size.max(1), ALL_ACCESS)?;
+    let qp = &ep.qps[0];
+    let uses_recv = matches!(cfg.test, Test::WriteLat | Test::SendLat);
+    if uses_recv {
+        for b in 0..LAT_RECVS {
+            qp.post_recv(b as u64, 0, rbuf.sge(b * size, size))?;
+        }
+    }
+    let sseed = server_seed(seed);
+    let mut tmp = vec![0u8; size];
+    let mut samples = Vec::with_capacity(cfg.iters as usize);
+    let mut verified = true;
+    let mut wcs = Vec::new();
+    let mut outstanding_sends = 0u64;
+    for i in 0..cfg.iters {
+        let slot = (i % slots as u64) as usize;
+        let (op, local, remote) = match cfg.test {
+            Test::WriteLat => (
+                WrOp::WriteWithImm(i as u32),
+                &bufs.src[0],
+                peer_dst[0].at(slot * size),
+            ),
+            Test::SendLat => (WrOp::Send, &bufs.src[0], RemoteAddr::default()),
+            _ => (WrOp::Read, &bufs.dst[0], peer_src[0].at(slot * size)),
+        };
+        // Sends complete when acknowledged; keep the queue from filling with them.
+        while outstanding_sends >= 64 {
+            wcs.clear();
+            ep.cq.poll(&mut wcs, 64);
+            for wc in &wcs {
+                check(wc)?;
+                outstanding_sends -= 1;
+            }
+        }
+        let t0 = Instant::now();
+        qp.post_send(&SendWr {
+            wr_id: wr_id(0, i),
+            op,
+            stream: 0,
+            local: local.sge(slot * size, size),
+            remote,
+        })?;
+        if uses_recv {
+            outstanding_sends += 1;
+        }
+        // Wait for the answer: the server's Write with immediate, Send, or our Read's data.
+        let t = loop {
+            wcs.clear();
+            ep.cq.poll(&mut wcs, 16);
+            let mut hit = None;
+            for wc in &wcs {
+                check(wc)?;
+                match wc.kind {
+                    CompletionKind::Recv | CompletionKind::RecvWriteImm => {
+                        hit = Some(t0.elapsed());
+                        let b = wc.wr_id as usize;
+                        if cfg.test == Test::WriteLat {
+                            verified &= wc.imm == Some(i as u32)
+                                && matches(&bufs.dst[0], slot * size, &mut tmp, sseed, 0, slot);
+                        } else {
+                            verified &= wc.byte_len as usize == size
+                                && matches(&rbuf, b * size, &mut tmp, sseed, 0, slot);
+                        }
+                        qp.post_recv(b as u64, 0, rbuf.sge(b * size, size))?;
+                    }
+                    CompletionKind::Read => {
+                        hit = Some(t0.elapsed());
+                        verified &= matches(&bufs.dst[0], slot * size, &mut tmp, sseed, 0, slot);
+                    }
+                    _ => outstanding_sends -= 1,
+                }
+            }
+            if let Some(t) = hit {
+                break t;
+            }
+            if t0.elapsed() > STALL {
+                return Err(PerfError::Stalled(format!(
+                    "no answer to ping {i} for {} s; counters {:?}",
+                    STALL.as_secs(),
+                    ep.ctx.counters()
+                )));
+            }
+        };
+        samples.push(t.as_nanos() as f64 / 1000.0);
+        publisher.tick(ep);
+    }
+    // Let the last Writes and Sends be acknowledged.
+    let end = Instant::now() + Duration::from_secs(5);
+    while outstanding_sends > 0 && Instant::now() < end {
+        wcs.clear();
+        ep.cq.poll(&mut wcs, 64);
+        for wc in &wcs {
+            check(wc)?;
+            if !matches!(wc.kind, CompletionKind::Recv | CompletionKind::RecvWriteImm) {
+                outstanding_sends -= 1;
+            }
+        }
+    }
+    if cfg.test != Test::ReadLat {
+        // perftest reports half the round trip for ping-pong tests.
+        for s in &mut samples {
+            *s /= 2.0;
+        }
+    }
+    Ok(lat_stats(size, &mut samples, verified))
+}
+
+fn lat_stats(size: usize, samples: &mut [f64], verified: bool) -> LatResult {
+    samples.sort_by(|a, b| a.total_cmp(b));
+    let n = samples.len().max(1) as f64;
+    let avg = samples.iter().sum::<f64>() / n;
+    let var = samples.iter().map(|s| (s - avg) * (s - avg)).sum::<f64>() / n;
+    let pct = |p: f64| {
+        if samples.is_empty() {
+            0.0
+        } else {
+            samples[((samples.len() as f64 * p).ceil() as usize).clamp(1, samples.len()) - 1]
+        }
+    };
+    LatResult {
+        size,
+        iterations: samples.len() as u64,
+        t_min_us: samples.first().copied().unwrap_or(0.0),
+        t_avg_us: avg,
+        p50_us: pct(0.5),
+        p99_us: pct(0.99),
+        p999_us: pct(0.999),
+        t_max_us: samples.last().copied().unwrap_or(0.0),
+        t_stdev_us: var.sqrt(),
+        verified,
+    }
+}
+
+/// The server's side of one phase; returns whether everything it checked was right and how
+/// many bytes it checked.
+pub(super) fn server_phase(
+    cfg: &PerfConfig,
+    ep: &Endpoint,
+    chan: &mut Channel,
+    go: &Message,
+) -> Result<(bool, u64), PerfError> {
+    let size: usize = go.get("size")?;
+    let slots: usize = go.get("slots")?;
+    let seed: u64 = go.get("seed")?;
+    if size == 0 || size > (1 << 30) || slots == 0 || slots.saturating_mul(size) > (1 << 31) {
+        return Err(PerfError::Invalid(format!(
+            "size {size} with {slots} slots"
+        )));
+    }
+    let client_dst = decode_bufs(go.text("dst")?)?;
+    let sseed = server_seed(seed);
+    let bufs = buffers(ep, slots, size, sseed)?;
+    let q = ep.qps.len();
+    // Receive buffers.
+    let recv_count = match cfg.test {
+        Test::SendBw => ((64usize << 20) / q / size).clamp(STREAMS, STREAMS * 32),
+        Test::SendLat | Test::WriteLat => LAT_RECVS,
+        _ => 0,
+    };
+    let mut rbufs = Vec::new();
+    for (i, qp) in ep.qps.iter().enumerate() {
+        if recv_count == 0 {
+            break;
+        }
+        let r = ep.pd.reg_mr(recv_count * size, ALL_ACCESS)?;
+        for b in 0..recv_count {
+            let stream = if cfg.test == Test::SendBw {
+                b % STREAMS
+            } else {
+                0
+            };
+            qp.post_recv(wr_id(i, b as u64), stream as u16, r.sge(b * size, size))?;
+        }
+        rbufs.push(r);
+    }
+    chan.send(
+        &Message::new("ready")
+            .with("dst", encode_bufs(&bufs.dst))
+            .with("src", encode_bufs(&bufs.src)),
+    )?;
+    let mut publisher = Publisher::new(
+        format!("metaroce {} server", cfg.test.name()),
+        cfg.publish_stats,
+    );
+    let mut ok = true;
+    let mut checked = 0u64;
+    let mut tmp = vec![0u8; size];
+    let mut per_stream = vec![[0u64; STREAMS]; q];
+    let mut received = vec![0u64; q];
+    let mut wcs = Vec::new();
+    let mut done_counts: Option<Vec<u64>> = None;
+    let mut done_at = None;
+    let mut last_check = Instant::now();
+    loop {
+        wcs.clear();
+        ep.cq.poll(&mut wcs, 64);
+        for wc in &wcs {
+            check(wc)?;
+            let i = qp_of(wc.wr_id);
+            let b = (wc.wr_id & 0xffff_ffff_ffff) as usize;
+            match (cfg.test, wc.kind) {
+                (Test::SendBw, CompletionKind::Recv) => {
+                    let s = usize::from(wc.stream);
+                    let m = s as u64 + STREAMS as u64 * per_stream[i][s];
+                    per_stream[i][s] += 1;
+                    received[i] += 1;
+                    let slot = (m % slots as u64) as usize;
+                    ok &= wc.byte_len as usize == size
+                        && matches(&rbufs[i], b * size, &mut tmp, seed, i, slot);
+                    checked += size as u64;
+                    ep.qps[i].post_recv(wc.wr_id, wc.stream, rbufs[i].sge(b * size, size))?;
+                }
+                (
+                    Test::WriteLat | Test::SendLat,
+                    CompletionKind::Recv | CompletionKind::RecvWriteImm,
+                ) => {
+                    let n = received[i];
+                    received[i] += 1;
+                    let slot = (n % slots as u64) as usize;
+                    let (op, remote) = if cfg.test == Test::WriteLat {
+                        ok &= wc.imm == Some(n as u32)
+                            && matches(&bufs.dst[i], slot * size, &mut tmp, seed, i, slot);
+                        (WrOp::WriteWithImm(n as u32), client_dst[i].at(slot * size))
+                    } else {
+                        ok &= wc.byte_len as usize == size
+                            && matches(&rbufs[i], b * size, &mut tmp, seed, i, slot);
+                        (WrOp::Send, RemoteAddr::default())
+                    };
+                    checked += size as u64;
+                    ep.qps[i].post_recv(wc.wr_id, 0, rbufs[i].sge(b * size, size))?;
+                    ep.qps[i].post_send(&SendWr {
+                        wr_id: wr_id(i, 1 << 40 | n),
+                        op,
+                        stream: 0,
+                        local: bufs.src[i].sge(slot * size, size),
+                        remote,
+                    })?;
+                }
+                _ => {}
+            }
+        }
+        publisher.tick(ep);
+        if wcs.is_empty() && last_check.elapsed() >= Duration::from_millis(2) {
+            last_check = Instant::now();
+            if done_counts.is_none() {
+                if let Some(m) = chan.poll()? {
+                    if m.verb != "done" {
+                        return Err(PerfError::Invalid(format!("expected done, got {}", m.verb)));
+                    }
+                    let counts: Vec<u64> = m
+                        .text("counts")?
+                        .split(',')
+                        .map(|c| c.parse().unwrap_or(0))
+                        .collect();
+                    done_counts = Some(counts);
+                    done_at = Some(Instant::now());
+                }
+            }
+        }
+        if let Some(counts) = &done_counts {
+            let all_in = match cfg.test {
+                Test::SendBw => received.iter().zip(counts).all(|(r, c)| r >= c),
+                _ => true,
+            };
+            let idle = ep.qps.iter().all(|q| q.is_idle());
+            let late = done_at.is_some_and(|t| t.elapsed() > Duration::from_secs(5));
+            if (all_in && idle) || late {
+                if !all_in {
+                    ok = false;
+                }
+                if cfg.test == Test::WriteBw {
+                    for (i, &c) in counts.iter().enumerate().take(q) {
+                        for s in 0..slots.min(c as usize) {
+                            ok &= matches(&bufs.dst[i], s * size, &mut tmp, seed, i, s);
+                            checked += size as u64;
+                        }
+                    }
+                }
+                break;
+            }
+        }
+    }
+    chan.send(
+        &Message::new("result")
+            .with("verified", u8::from(ok))
+            .with("checked", checked),
+    )?;
+    Ok((ok, checked))
+}

@@ -1,0 +1,110 @@
+//! Client and server in two threads over loopback, every test.
+
+use super::*;
+
+fn run_pair(mut cfg: PerfConfig) -> (Vec<Report>, Served) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    cfg.port = listener.local_addr().unwrap().port();
+    cfg.data_port = 0;
+    cfg.progress = false;
+    cfg.publish_stats = false;
+    let scfg = cfg.clone();
+    let server = std::thread::Builder::new()
+        .stack_size(64 << 20)
+        .spawn(move || serve_one(&scfg, &listener))
+        .unwrap();
+    cfg.server = Some("127.0.0.1".into());
+    let reports = run_client(&cfg, |_| {}).unwrap();
+    let served = server.join().unwrap().unwrap();
+    (reports, served)
+}
+
+#[test]
+fn every_bandwidth_test_moves_verified_bytes() {
+    for test in [Test::WriteBw, Test::SendBw, Test::ReadBw] {
+        let mut cfg = PerfConfig::new(test);
+        cfg.size = 12_345;
+        cfg.iters = 300;
+        cfg.qps = 2;
+        cfg.paths = 4;
+        let (reports, served) = run_pair(cfg);
+        let Report::Bw(r) = &reports[0] else { panic!() };
+        assert_eq!(r.iterations, 600, "{test:?}");
+        assert_eq!(r.total_bytes, 600 * 12_345);
+        assert!(r.verified, "{test:?} {r:?}");
+        assert!(served.verified);
+        assert!(r.bw_avg_gbps > 0.0 && r.bw_peak_gbps >= r.bw_avg_gbps);
+        if test != Test::ReadBw {
+            assert_eq!(
+                served.bytes_checked,
+                600 * 12_345,
+                "{test:?}: the server checked every byte"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_latency_test_answers_and_verifies() {
+    for test in [Test::WriteLat, Test::SendLat, Test::ReadLat] {
+        let mut cfg = PerfConfig::new(test);
+        cfg.size = 100;
+        cfg.iters = 200;
+        let (reports, served) = run_pair(cfg);
+        let Report::Lat(l) = &reports[0] else {
+            panic!()
+        };
+        assert_eq!(l.iterations, 200);
+        assert!(l.verified && served.verified, "{test:?}");
+        assert!(l.t_min_us > 0.0 && l.t_min_us <= l.p50_us && l.p50_us <= l.p99_us);
+        assert!(l.p99_us <= l.p999_us && l.p999_us <= l.t_max_us);
+    }
+}
+
+#[test]
+fn all_sizes_runs_a_phase_per_size() {
+    let mut cfg = PerfConfig::new(Test::WriteBw);
+    cfg.all_sizes = true;
+    cfg.iters = 20;
+    let (reports, served) = run_pair(cfg);
+    assert_eq!(reports.len(), 23);
+    assert_eq!(served.phases, 23);
+    for (i, r) in reports.iter().enumerate() {
+        let Report::Bw(b) = r else { panic!() };
+        assert_eq!(b.size, 2 << i);
+        assert!(b.verified);
+    }
+}
+
+#[test]
+fn a_server_running_another_test_says_so() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut cfg = PerfConfig::new(Test::ReadBw);
+    cfg.port = listener.local_addr().unwrap().port();
+    cfg.data_port = 0;
+    let scfg = PerfConfig {
+        test: Test::WriteBw,
+        ..cfg.clone()
+    };
+    let server = std::thread::spawn(move || serve_one(&scfg, &listener));
+    cfg.server = Some("127.0.0.1".into());
+    let err = run_client(&cfg, |_| {}).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "exchange: the peer reported: the server runs write-bw, the client asked for read-bw"
+    );
+    assert!(server.join().unwrap().is_err());
+}
+
+#[test]
+fn patterns_differ_by_connection_and_slot() {
+    let mut a = [0u8; 64];
+    let mut b = [0u8; 64];
+    pattern(&mut a, 1, 0, 0);
+    pattern(&mut b, 1, 0, 1);
+    assert_ne!(a, b);
+    pattern(&mut b, 1, 1, 0);
+    assert_ne!(a, b);
+    pattern(&mut b, 1, 0, 0);
+    assert_eq!(a, b);
+}

@@ -1,0 +1,388 @@
+//! The perftest-shaped commands, `devices`, `stats` and `loopback`.
+
+use clap::ValueEnum;
+use host_ibverbs::devices;
+use host_ibverbs::perf::{self, PerfConfig, PerfError, Report, Test};
+use host_ibverbs::udp::stats;
+use std::io::{self, Write};
+use std::net::{IpAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Which backend carries the test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Transport {
+    /// MetaRoCE over UDP sockets (runs anywhere).
+    Udp,
+    /// libibverbs on an RDMA NIC.
+    Verbs,
+}
+
+/// perftest's flags, where they apply.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PerfArgs {
+    /// The server to connect to; without it, run as the server and wait for one client.
+    pub server: Option<String>,
+    /// Device: an RDMA device with --transport verbs, a network interface (its address is used)
+    /// with --transport udp.
+    #[arg(short = 'd', long = "ib-dev")]
+    pub device: Option<String>,
+    /// Message size in bytes.
+    #[arg(short = 's', long = "size")]
+    pub size: Option<usize>,
+    /// Iterations per connection.
+    #[arg(short = 'n', long = "iters")]
+    pub iters: Option<u64>,
+    /// Run for this many seconds instead of a number of iterations.
+    #[arg(short = 'D', long = "duration")]
+    pub duration: Option<f64>,
+    /// Connections (queue pairs).
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    pub qps: u32,
+    /// TCP port of the connection exchange.
+    #[arg(short = 'p', long = "port", default_value_t = host_ibverbs::oob::DEFAULT_PORT)]
+    pub port: u16,
+    /// Accepted for perftest compatibility (there is no CPU frequency check to silence).
+    #[arg(short = 'F', long = "CPU-freq")]
+    pub cpu_freq: bool,
+    /// Report bandwidth in Gb/s instead of MB/s.
+    #[arg(long = "report_gbits")]
+    pub report_gbits: bool,
+    /// Run every size from 2 bytes to 8 MiB.
+    #[arg(short = 'a', long = "all")]
+    pub all: bool,
+    /// Work requests in flight per connection (bandwidth tests).
+    #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
+    pub tx_depth: u32,
+    /// Payload bytes per packet.
+    #[arg(short = 'm', long = "mtu", default_value_t = 4096)]
+    pub mtu: u32,
+    /// Paths per connection, each with its own UDP source port.
+    #[arg(long, default_value_t = 8)]
+    pub paths: u8,
+    /// Packets in flight per path.
+    #[arg(long, default_value_t = 16)]
+    pub window: u32,
+    /// The backend.
+    #[arg(long, value_enum, default_value_t = Transport::Udp)]
+    pub transport: Transport,
+    /// UDP port to receive data on.
+    #[arg(long, default_value_t = transport_core::wire::ROCEV2_PORT)]
+    pub data_port: u16,
+    /// Local IP address to use.
+    #[arg(long)]
+    pub bind: Option<IpAddr>,
+    /// Spin instead of sleeping when idle.
+    #[arg(long)]
+    pub busy_poll: bool,
+    /// Write every datagram sent and received to this pcap file.
+    #[arg(long, value_name = "FILE")]
+    pub pcap: Option<PathBuf>,
+    /// Print one JSON object per result line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn config(test: Test, a: &PerfArgs) -> Result<PerfConfig, String> {
+    let mut c = PerfConfig::new(test);
+    c.server = a.server.clone();
+    if let Some(s) = a.size {
+        c.size = s;
+    }
+    if let Some(n) = a.iters {
+        c.iters = n;
+    }
+    if let Some(d) = a.duration {
+        if !(d > 0.0 && d < 1e6) {
+            return Err("-D must be a positive number of seconds".into());
+        }
+        c.duration = Some(Duration::from_secs_f64(d));
+    }
+    c.qps = a.qps;
+    c.port = a.port;
+    c.all_sizes = a.all;
+    c.tx_depth = a.tx_depth;
+    c.mtu = a.mtu;
+    c.paths = a.paths;
+    c.window = a.window;
+    c.data_port = a.data_port;
+    c.busy_poll = a.busy_poll;
+    c.pcap = a.pcap.clone();
+    c.bind = a.bind;
+    if let Some(dev) = &a.device {
+        let v6 = a.server.as_deref().is_some_and(|s| s.contains(':'));
+        c.bind = Some(devices::address_of(dev, v6).ok_or_else(|| {
+            format!("no interface {dev:?} with an IP address (see `metaroce devices`)")
+        })?);
+    }
+    Ok(c)
+}
+
+fn no_verbs() -> ExitCode {
+    match host_ibverbs::verbs_status() {
+        Ok(n) => eprintln!(
+            "metaroce: {n} RDMA device(s) found, but the perftest tools drive only the UDP \
+             transport so far; use --transport udp"
+        ),
+        Err(e) => eprintln!("metaroce: {e}; use --transport udp (the default)"),
+    }
+    ExitCode::from(1)
+}
+
+/// Runs one of the six tests.
+pub fn run_perf(test: Test, a: &PerfArgs) -> ExitCode {
+    if a.transport == Transport::Verbs {
+        return no_verbs();
+    }
+    let cfg = match config(test, a) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("metaroce: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let code = if cfg.server.is_some() {
+        client(&cfg, a)
+    } else {
+        server(&cfg)
+    };
+    stats::unpublish();
+    code
+}
+
+fn print_report(test: Test, a: &PerfArgs, r: &Report, header: &mut bool) {
+    let mut out = io::stdout().lock();
+    if a.json {
+        let _ = writeln!(out, "{}", r.to_json(test));
+    } else {
+        if !*header {
+            let _ = writeln!(out, "{}", perf::table_header(test, a.report_gbits));
+            *header = true;
+        }
+        let _ = writeln!(out, "{}", perf::table_line(r, a.report_gbits));
+    }
+    let _ = out.flush();
+}
+
+fn client(cfg: &PerfConfig, a: &PerfArgs) -> ExitCode {
+    let mut header = false;
+    let result = perf::run_client(cfg, |r| print_report(cfg.test, a, r, &mut header));
+    match result {
+        Ok(reports) => {
+            if !a.json {
+                println!("---------------------------------------------------------------------------------------");
+            }
+            if reports.iter().all(Report::verified) {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("metaroce: data verification FAILED");
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("metaroce: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn server(cfg: &PerfConfig) -> ExitCode {
+    let addr = (
+        cfg.bind
+            .unwrap_or(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)),
+        cfg.port,
+    );
+    let listener = TcpListener::bind(addr).or_else(|_| {
+        TcpListener::bind((
+            cfg.bind
+                .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
+            cfg.port,
+        ))
+    });
+    let listener = match listener {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("metaroce: cannot listen on TCP port {}: {e}", cfg.port);
+            return ExitCode::from(1);
+        }
+    };
+    eprintln!(
+        "************************************\n* Waiting for client to connect... *\n************************************"
+    );
+    match perf::serve_one(cfg, &listener) {
+        Ok(s) => {
+            eprintln!(
+                "served {} ({} phase(s)), {} bytes checked, verified: {}",
+                s.test.name(),
+                s.phases,
+                s.bytes_checked,
+                s.verified
+            );
+            if s.verified {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("metaroce: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `metaroce loopback`: a bandwidth and a latency run between two threads of this process over
+/// 127.0.0.1, with no configuration and no privileges.
+pub fn run_loopback(json: bool, seconds: f64) -> ExitCode {
+    let mut ok = true;
+    for test in [Test::WriteBw, Test::WriteLat] {
+        let listener = match TcpListener::bind("127.0.0.1:0") {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("metaroce: cannot listen on 127.0.0.1: {e}");
+                return ExitCode::from(1);
+            }
+        };
+        let mut cfg = PerfConfig::new(test);
+        cfg.port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+        cfg.data_port = 0;
+        cfg.progress = false;
+        if test == Test::WriteBw {
+            cfg.duration = Some(Duration::from_secs_f64(seconds));
+        } else {
+            cfg.iters = 10_000;
+        }
+        let scfg = cfg.clone();
+        let server = std::thread::Builder::new()
+            .name("server".into())
+            .stack_size(64 << 20)
+            .spawn(move || perf::serve_one(&scfg, &listener));
+        let server = match server {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("metaroce: cannot start the server thread: {e}");
+                return ExitCode::from(1);
+            }
+        };
+        cfg.server = Some("127.0.0.1".into());
+        let args = PerfArgs {
+            server: None,
+            device: None,
+            size: None,
+            iters: None,
+            duration: None,
+            qps: 1,
+            port: 0,
+            cpu_freq: false,
+            report_gbits: true,
+            all: false,
+            tx_depth: 128,
+            mtu: 4096,
+            paths: 8,
+            window: 16,
+            transport: Transport::Udp,
+            data_port: 0,
+            bind: None,
+            busy_poll: false,
+            pcap: None,
+            json,
+        };
+        let mut header = false;
+        if !json {
+            println!("metaroce {} over UDP on 127.0.0.1, 8 paths", test.name());
+        }
+        let r: Result<_, PerfError> =
+            perf::run_client(&cfg, |r| print_report(test, &args, r, &mut header));
+        let served = server.join();
+        match (r, served) {
+            (Ok(reports), Ok(Ok(s))) => {
+                ok &= reports.iter().all(Report::verified) && s.verified;
+            }
+            (Err(e), _) => {
+                eprintln!("metaroce: {e}");
+                ok = false;
+            }
+            (_, Ok(Err(e))) => {
+                eprintln!("metaroce: server: {e}");
+                ok = false;
+            }
+            (_, Err(_)) => {
+                eprintln!("metaroce: the server thread failed");
+                ok = false;
+            }
+        }
+    }
+    stats::unpublish();
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+/// `metaroce devices`.
+pub fn run_devices(json: bool) -> ExitCode {
+    let verbs = host_ibverbs::verbs_devices();
+    let ifs = devices::interfaces().unwrap_or_default();
+    if json {
+        let v = serde_json::json!({
+            "verbs": match &verbs {
+                Ok(d) => serde_json::json!(d),
+                Err(e) => serde_json::json!({ "error": e.to_string() }),
+            },
+            "udp": ifs.iter().map(|i| serde_json::json!({
+                "name": i.name,
+                "addrs": i.addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+                "up": i.up,
+                "loopback": i.loopback,
+                "mtu": i.mtu,
+            })).collect::<Vec<_>>(),
+        });
+        println!("{v}");
+        return ExitCode::SUCCESS;
+    }
+    println!("RDMA (verbs) devices:");
+    match &verbs {
+        Ok(d) if d.is_empty() => println!("    none"),
+        Ok(d) => {
+            for name in d {
+                println!("    {name}");
+            }
+        }
+        Err(e) => println!("    {e}; the UDP transport below works without one"),
+    }
+    println!("UDP transport interfaces:");
+    for i in &ifs {
+        let addrs: Vec<String> = i.addrs.iter().map(|a| a.to_string()).collect();
+        println!(
+            "    {:<12} {:<5} mtu {:<6} {}",
+            i.name,
+            if i.up { "UP" } else { "DOWN" },
+            i.mtu.map_or("?".into(), |m| m.to_string()),
+            addrs.join(" ")
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+/// `metaroce stats`.
+pub fn run_stats(pid: Option<u32>, json: bool) -> ExitCode {
+    let snaps = stats::collect(pid);
+    if snaps.is_empty() {
+        eprintln!(
+            "metaroce: no running endpoint{} publishes statistics in {}",
+            pid.map_or(String::new(), |p| format!(" with pid {p}")),
+            stats::run_dir().display()
+        );
+        return ExitCode::from(1);
+    }
+    for s in &snaps {
+        if json {
+            println!("{s}");
+        } else {
+            print!("{}", stats::to_text(s));
+        }
+    }
+    ExitCode::SUCCESS
+}
