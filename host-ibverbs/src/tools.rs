@@ -145,7 +145,7 @@ pub fn run_perf(test: Test, a: &PerfArgs) -> ExitCode {
     let code = if cfg.server.is_some() {
         client(&cfg, a)
     } else {
-        server(&cfg)
+        server(&cfg, a.json)
     };
     stats::unpublish();
     code
@@ -187,7 +187,7 @@ fn client(cfg: &PerfConfig, a: &PerfArgs) -> ExitCode {
     }
 }
 
-fn server(cfg: &PerfConfig) -> ExitCode {
+fn server(cfg: &PerfConfig, json: bool) -> ExitCode {
     let addr = (
         cfg.bind
             .unwrap_or(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)),
@@ -219,6 +219,17 @@ fn server(cfg: &PerfConfig) -> ExitCode {
                 s.bytes_checked,
                 s.verified
             );
+            if json {
+                let v = serde_json::json!({
+                    "role": "server",
+                    "test": s.test.name(),
+                    "phases": s.phases,
+                    "verified": s.verified,
+                    "bytes_checked": s.bytes_checked,
+                    "stats": s.stats,
+                });
+                println!("{v}");
+            }
             if s.verified {
                 ExitCode::SUCCESS
             } else {

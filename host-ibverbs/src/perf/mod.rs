@@ -218,6 +218,8 @@ impl Report {
                 "verified": r.verified,
                 "seconds": r.seconds,
                 "retransmits": r.retransmits,
+                "ecn_marks_echoed": r.ecn_marks_echoed,
+                "paths_used": r.paths_used,
             }),
             Report::Lat(r) => json!({
                 "test": test.name(),
@@ -455,7 +457,7 @@ pub fn run_client(
     let mut chan = Channel::connect(&host, cfg.port, Duration::from_secs(5))?;
     let local_ip = cfg
         .bind
-        .unwrap_or(chan.local_addr().map_err(OobError::Io)?.ip());
+        .unwrap_or(chan.local_addr().map_err(OobError::Io)?.ip().to_canonical());
     let ep = open_endpoint(cfg, local_ip, true)?;
     let mut hello = Message::new("hello")
         .with("test", cfg.test.name())
@@ -507,6 +509,8 @@ pub struct Served {
     pub verified: bool,
     /// Bytes the server checked.
     pub bytes_checked: u64,
+    /// The server's counters at the end (`metaroce stats --json` format).
+    pub stats: serde_json::Value,
 }
 
 /// Runs the server side for one client on `listener`.
@@ -543,7 +547,7 @@ fn serve_channel(cfg: &PerfConfig, chan: &mut Channel) -> Result<Served, PerfErr
     validate(&mine)?;
     let local_ip = cfg
         .bind
-        .unwrap_or(chan.local_addr().map_err(OobError::Io)?.ip());
+        .unwrap_or(chan.local_addr().map_err(OobError::Io)?.ip().to_canonical());
     let ep = open_endpoint(&mine, local_ip, false)?;
     let data: SocketAddr = hello.get("data")?;
     let peers = decode_qps(hello.text("qp")?, data)?;
@@ -563,6 +567,7 @@ fn serve_channel(cfg: &PerfConfig, chan: &mut Channel) -> Result<Served, PerfErr
         phases: 0,
         verified: true,
         bytes_checked: 0,
+        stats: serde_json::Value::Null,
     };
     loop {
         let m = chan.recv(None)?;
@@ -573,7 +578,15 @@ fn serve_channel(cfg: &PerfConfig, chan: &mut Channel) -> Result<Served, PerfErr
                 served.verified &= ok;
                 served.bytes_checked += bytes;
             }
-            "bye" => break,
+            "bye" => {
+                served.stats = udp::stats::to_json(
+                    std::process::id(),
+                    &format!("metaroce {} server", test.name()),
+                    &ep.ctx.counters(),
+                    &ep.ctx.snapshot(),
+                );
+                break;
+            }
             other => {
                 return Err(PerfError::Invalid(format!("unexpected {other}")));
             }

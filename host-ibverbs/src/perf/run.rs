@@ -32,6 +32,10 @@ pub struct BwResult {
     pub verified: bool,
     /// Packets sent again, all connections.
     pub retransmits: u64,
+    /// Congestion Experienced marks the peer reported back, all connections.
+    pub ecn_marks_echoed: u64,
+    /// Paths that carried packets, on the connection that used the fewest.
+    pub paths_used: usize,
 }
 
 /// Results of a latency phase (microseconds; half the round trip for Write and Send, as
@@ -201,7 +205,11 @@ pub(super) fn client_phase(
         format!("metaroce {} client", cfg.test.name()),
         cfg.publish_stats,
     );
-    let before: u64 = ep.qps.iter().map(|q| q.counters().retransmitted).sum();
+    let sum = |f: fn(&transport_core::conn::Counters) -> u64| -> u64 {
+        ep.qps.iter().map(|q| f(&q.counters())).sum()
+    };
+    let before = sum(|c| c.retransmitted);
+    let ecn_before = sum(|c| c.ecn_marks_echoed);
     let report = if cfg.test.is_latency() {
         Report::Lat(client_lat(
             cfg,
@@ -225,12 +233,15 @@ pub(super) fn client_phase(
             slots,
             &mut publisher,
         )?;
-        r.retransmits = ep
-            .qps
+        r.retransmits = sum(|c| c.retransmitted) - before;
+        r.ecn_marks_echoed = sum(|c| c.ecn_marks_echoed) - ecn_before;
+        r.paths_used = ep
+            .ctx
+            .snapshot()
             .iter()
-            .map(|q| q.counters().retransmitted)
-            .sum::<u64>()
-            - before;
+            .map(|q| q.paths.iter().filter(|p| p.sent > 0).count())
+            .min()
+            .unwrap_or(0);
         let counts_s = counts
             .iter()
             .map(u64::to_string)
@@ -402,6 +413,8 @@ fn client_bw(
             msg_rate_mpps: iterations as f64 / secs / 1e6,
             verified: false,
             retransmits: 0,
+            ecn_marks_echoed: 0,
+            paths_used: 0,
         },
         done,
     ))

@@ -447,7 +447,13 @@ impl Engine {
                     self.counters.tx_gso_batches += 1;
                 }
             }
-            Err(e) if segment > 0 && e.raw_os_error() == Some(libc::EIO) => {
+            Err(e)
+                if segment > 0
+                    && matches!(
+                        e.raw_os_error(),
+                        Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT)
+                    ) =>
+            {
                 // The route cannot segment: send them one by one from now on.
                 self.gso = false;
                 self.counters.tx_gso_disabled += 1;

@@ -1,0 +1,168 @@
+//! Running a `metaroce` server and client as separate processes, optionally inside network
+//! namespaces, with a deadline.
+
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+/// The binary under test.
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_metaroce")
+}
+
+static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
+
+/// A TCP port for the exchange, distinct per test in this process.
+pub fn port() -> u16 {
+    let base = 20000 + (std::process::id() % 2000) as u16 * 10;
+    base + NEXT_PORT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Waits for a child with a deadline; kills it when the deadline passes.
+pub fn wait(mut child: Child, limit: Duration) -> Output {
+    let end = Instant::now() + limit;
+    loop {
+        match child.try_wait().expect("try_wait") {
+            Some(_) => return child.wait_with_output().expect("output"),
+            None if Instant::now() > end => {
+                let _ = child.kill();
+                let out = child.wait_with_output().expect("output");
+                panic!(
+                    "metaroce did not finish in {limit:?}\nstdout: {}\nstderr: {}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// A server and a client run to completion.
+pub struct Pair {
+    /// The client's output.
+    pub client: Output,
+    /// The server's output (stderr lines before the "Waiting" banner included).
+    pub server: Output,
+}
+
+impl Pair {
+    /// The client's JSON result lines.
+    pub fn client_json(&self) -> Vec<Value> {
+        json_lines(&self.client)
+    }
+
+    /// The server's final JSON line.
+    pub fn server_json(&self) -> Value {
+        json_lines(&self.server).pop().unwrap_or_else(|| {
+            panic!(
+                "server printed no JSON; stderr: {}",
+                String::from_utf8_lossy(&self.server.stderr)
+            )
+        })
+    }
+}
+
+/// Parses every stdout line as JSON.
+pub fn json_lines(out: &Output) -> Vec<Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l}: {e}")))
+        .collect()
+}
+
+/// Runs `metaroce <test>` as a server (behind `server_prefix`, e.g. `ip netns exec b`) and as a
+/// client of `server_addr` (behind `client_prefix`), each with its extra arguments.
+pub fn pair(
+    test: &str,
+    server_prefix: &[&str],
+    server_args: &[&str],
+    client_prefix: &[&str],
+    client_args: &[&str],
+    server_addr: &str,
+    env: &[(&str, &str)],
+) -> Pair {
+    let port = port().to_string();
+    let spawn = |prefix: &[&str], args: Vec<&str>| {
+        let mut cmd = if prefix.is_empty() {
+            Command::new(bin())
+        } else {
+            let mut c = Command::new(prefix[0]);
+            c.args(&prefix[1..]).arg(bin());
+            c
+        };
+        cmd.arg(test)
+            .args(args)
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd.spawn().expect("spawn metaroce")
+    };
+    let mut sargs = vec!["-p", port.as_str(), "--json"];
+    sargs.extend_from_slice(server_args);
+    let mut server = spawn(server_prefix, sargs);
+    // Wait for the banner, keeping what came before it.
+    let mut stderr = BufReader::new(server.stderr.take().expect("stderr"));
+    let mut early = String::new();
+    loop {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).unwrap_or(0) == 0 {
+            let out = wait(server, Duration::from_secs(5));
+            panic!(
+                "server exited early: {early}{}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        early.push_str(&line);
+        if line.contains("Waiting for client") {
+            break;
+        }
+    }
+    let rest = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let mut cargs = vec![server_addr, "-p", port.as_str(), "--json"];
+    cargs.extend_from_slice(client_args);
+    let client = wait(spawn(client_prefix, cargs), Duration::from_secs(180));
+    let mut server = wait(server, Duration::from_secs(30));
+    early.push_str(&rest.join().unwrap_or_default());
+    server.stderr = early.into_bytes();
+    Pair { client, server }
+}
+
+/// Panics with both outputs unless both processes succeeded.
+pub fn assert_success(p: &Pair) {
+    assert!(
+        p.client.status.success() && p.server.status.success(),
+        "client {:?}: {}{}\nserver {:?}: {}{}",
+        p.client.status,
+        String::from_utf8_lossy(&p.client.stdout),
+        String::from_utf8_lossy(&p.client.stderr),
+        p.server.status,
+        String::from_utf8_lossy(&p.server.stdout),
+        String::from_utf8_lossy(&p.server.stderr),
+    );
+}
+
+/// Sums a connection counter over the server's queue pairs.
+pub fn server_counter(p: &Pair, name: &str) -> u64 {
+    p.server_json()["stats"]["qps"]
+        .as_array()
+        .expect("qps")
+        .iter()
+        .map(|q| q["counters"][name].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// A device counter of the server.
+pub fn server_device_counter(p: &Pair, name: &str) -> u64 {
+    p.server_json()["stats"]["device"][name]
+        .as_u64()
+        .unwrap_or(0)
+}

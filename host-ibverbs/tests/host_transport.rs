@@ -1,0 +1,379 @@
+//! The UDP transport end to end as users run it: a `metaroce` server process and a client
+//! process on loopback, IPv4 and IPv6, with every byte verified; the capture read by tshark;
+//! the counters of running endpoints; errors a user meets.
+
+mod common;
+
+use common::{assert_success, bin, pair, port, server_counter};
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn sixty_four_mib_of_writes_sends_and_reads_on_loopback_with_four_connections() {
+    for test in ["write-bw", "send-bw", "read-bw"] {
+        let p = pair(
+            test,
+            &[],
+            &["--data-port", "0"],
+            &[],
+            &[
+                "-s",
+                "1048576",
+                "-n",
+                "16",
+                "-q",
+                "4",
+                "--paths",
+                "8",
+                "--data-port",
+                "0",
+            ],
+            "127.0.0.1",
+            &[],
+        );
+        assert_success(&p);
+        let r = &p.client_json()[0];
+        assert_eq!(r["iterations"], 64, "{test}: {r}");
+        assert_eq!(r["total_bytes"].as_u64(), Some(64 * MIB), "{test}");
+        assert_eq!(r["verified"], true, "{test}");
+        let s = p.server_json();
+        assert_eq!(s["verified"], true, "{test}");
+        if test != "read-bw" {
+            assert_eq!(
+                s["bytes_checked"].as_u64(),
+                Some(64 * MIB),
+                "{test}: server checked all"
+            );
+        }
+        assert_eq!(s["stats"]["qps"].as_array().map(Vec::len), Some(4));
+        assert_eq!(
+            r["paths_used"], 8,
+            "{test}: every connection sprayed over its 8 paths"
+        );
+        assert_eq!(server_counter(&p, "access_violations"), 0, "{test}");
+    }
+}
+
+#[test]
+fn ipv6_loopback() {
+    if std::net::UdpSocket::bind("[::1]:0").is_err() {
+        panic!("this machine has no IPv6 loopback; the IPv6 path cannot be tested here");
+    }
+    let p = pair(
+        "write-bw",
+        &[],
+        &["--data-port", "0"],
+        &[],
+        &["-s", "1048576", "-n", "16", "-q", "2", "--data-port", "0"],
+        "::1",
+        &[],
+    );
+    assert_success(&p);
+    let r = &p.client_json()[0];
+    assert_eq!(r["verified"], true);
+    assert_eq!(r["total_bytes"].as_u64(), Some(32 * MIB));
+    let peer = p.server_json()["stats"]["qps"][0]["peer"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(peer.starts_with("[::1]:"), "{peer}");
+}
+
+#[test]
+fn the_capture_is_read_by_tshark_as_rocev2_and_by_decode_with_good_icrcs() {
+    let dir = std::env::temp_dir().join(format!("metaroce-pcap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("client.pcap");
+    // The server on the RoCEv2 port, so tshark dissects what the client sends it by port.
+    let p = pair(
+        "write-bw",
+        &[],
+        &[],
+        &[],
+        &[
+            "-s",
+            "10000",
+            "-n",
+            "50",
+            "--paths",
+            "4",
+            "--data-port",
+            "0",
+            "--pcap",
+            file.to_str().unwrap(),
+        ],
+        "127.0.0.1",
+        &[],
+    );
+    assert_success(&p);
+    let out = Command::new("tshark")
+        .args(["-r", file.to_str().unwrap(), "-Y", "udp.dstport == 4791"])
+        .args([
+            "-T",
+            "fields",
+            "-E",
+            "separator=/t",
+            "-e",
+            "udp.srcport",
+            "-e",
+            "infiniband.bth.opcode",
+            "-e",
+            "infiniband.bth.destqp",
+            "-e",
+            "infiniband.bth.psn",
+        ])
+        .output()
+        .expect("tshark is installed by scripts/test.sh");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split('\t').collect()).collect();
+    assert!(
+        rows.len() >= 50 * 3,
+        "every 10000-byte Write is 3 packets: {} rows",
+        rows.len()
+    );
+    let qpn = p.server_json()["stats"]["qps"][0]["qpn"].as_u64().unwrap();
+    let mut ports = std::collections::BTreeSet::new();
+    for r in &rows {
+        assert_eq!(r.len(), 4, "tshark found a BTH in every datagram: {r:?}");
+        let destqp = u64::from_str_radix(r[2].trim_start_matches("0x"), 16).unwrap();
+        assert_eq!(destqp, qpn, "addressed to the server's queue pair");
+        ports.insert(r[0].to_string());
+    }
+    assert_eq!(ports.len(), 4, "one UDP source port per path: {ports:?}");
+    // Our decoder reads every frame of the capture, both directions, with a good ICRC: what
+    // went to the server on port 4791, and what came back to the client's data port.
+    let client_port = p.server_json()["stats"]["qps"][0]["peer"]
+        .as_str()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_string();
+    let decode = |port: &str| -> Vec<serde_json::Value> {
+        let dec = Command::new(bin())
+            .args([
+                "decode",
+                "--json",
+                "--port",
+                port,
+                "-r",
+                file.to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&dec.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .filter(|f: &serde_json::Value| f.get("error").is_none())
+            .collect()
+    };
+    let to_server = decode("4791");
+    let to_client = decode(&client_port);
+    assert_eq!(to_server.len(), rows.len());
+    assert!(
+        !to_client.is_empty(),
+        "the capture holds what was received too"
+    );
+    let total = Command::new("tshark")
+        .args(["-r", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let frames = String::from_utf8_lossy(&total.stdout).lines().count();
+    assert_eq!(
+        to_server.len() + to_client.len(),
+        frames,
+        "every frame decodes"
+    );
+    for f in to_server.iter().chain(&to_client) {
+        assert_eq!(f["icrc"]["ok"], true, "{f}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn stats_shows_running_endpoints() {
+    let dir = std::env::temp_dir().join(format!("metaroce-run-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir_s = dir.to_str().unwrap().to_string();
+    let env = [("METAROCE_RUN_DIR", dir_s.as_str())];
+    let watcher = {
+        let dir_s = dir_s.clone();
+        std::thread::spawn(move || {
+            // Poll `metaroce stats` while the two processes run.
+            let end = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < end {
+                let out = Command::new(bin())
+                    .args(["stats", "--json"])
+                    .env("METAROCE_RUN_DIR", &dir_s)
+                    .output()
+                    .unwrap();
+                let snaps: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .filter_map(|l| serde_json::from_str(l).ok())
+                    .collect();
+                let busy = snaps.iter().filter(|s| {
+                    s["qps"][0]["counters"]["tx_data_packets"]
+                        .as_u64()
+                        .unwrap_or(0)
+                        > 0
+                        || s["qps"][0]["counters"]["rx_data_packets"]
+                            .as_u64()
+                            .unwrap_or(0)
+                            > 0
+                });
+                if busy.count() == 2 {
+                    let text = Command::new(bin())
+                        .args(["stats"])
+                        .env("METAROCE_RUN_DIR", &dir_s)
+                        .output()
+                        .unwrap();
+                    return Some((snaps, String::from_utf8_lossy(&text.stdout).into_owned()));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            None
+        })
+    };
+    let p = pair(
+        "write-bw",
+        &[],
+        &["--data-port", "0"],
+        &[],
+        &["-D", "3", "--data-port", "0"],
+        "127.0.0.1",
+        &env,
+    );
+    assert_success(&p);
+    let (snaps, text) = watcher
+        .join()
+        .unwrap()
+        .expect("stats saw both endpoints at work");
+    for s in &snaps {
+        let q = &s["qps"][0];
+        assert!(q["paths"].as_array().unwrap().len() == 8);
+        for k in [
+            "retransmits",
+            "sacked",
+            "ecn_ce_received",
+            "rx_drop_wrong_pkey",
+        ] {
+            assert!(q["counters"][k].is_u64(), "{k} in {q}");
+        }
+        assert!(s["device"]["tx_packets"].as_u64().unwrap() > 0);
+    }
+    assert!(
+        text.contains("statistics:") && text.contains("retransmits: ") && text.contains("rtt_min"),
+        "{text}"
+    );
+    // Finished endpoints take their files with them.
+    let out = Command::new(bin())
+        .args(["stats"])
+        .env("METAROCE_RUN_DIR", &dir_s)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no running endpoint"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_refused_connection_and_a_foreign_version_are_named() {
+    let port = port();
+    let out = Command::new(bin())
+        .args(["write-bw", "127.0.0.1", "-p", &port.to_string()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("127.0.0.1:{port} refused the connection")),
+        "{err}"
+    );
+
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let lport = l.local_addr().unwrap().port();
+    let fake = std::thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        (&s).write_all(b"METAROCE/9 hello\n").unwrap();
+        line
+    });
+    let out = Command::new(bin())
+        .args([
+            "write-bw",
+            "127.0.0.1",
+            "-p",
+            &lport.to_string(),
+            "--data-port",
+            "0",
+        ])
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    let hello = fake.join().unwrap();
+    assert!(hello.starts_with("METAROCE/1 hello "), "{hello}");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("the peer speaks exchange version 9, this build speaks 1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn devices_lists_the_loopback_interface() {
+    let out = Command::new(bin())
+        .args(["devices", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let lo = v["udp"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["loopback"] == true)
+        .expect("loopback listed");
+    assert!(lo["addrs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a == "127.0.0.1"));
+    // Without a device (this machine has none) the verbs side says why.
+    assert!(v["verbs"]["error"].is_string() || v["verbs"].is_array());
+}
+
+#[test]
+fn latency_tests_over_processes() {
+    for test in ["write-lat", "send-lat", "read-lat"] {
+        let p = pair(
+            test,
+            &[],
+            &["--data-port", "0"],
+            &[],
+            &["-n", "500", "-s", "64", "--data-port", "0"],
+            "127.0.0.1",
+            &[],
+        );
+        assert_success(&p);
+        let r = &p.client_json()[0];
+        assert_eq!(r["iterations"], 500);
+        assert_eq!(r["verified"], true);
+        for k in [
+            "t_min_us", "t_avg_us", "p50_us", "p99_us", "p999_us", "t_max_us",
+        ] {
+            assert!(r[k].as_f64().unwrap() > 0.0, "{test} {k}");
+        }
+    }
+}
