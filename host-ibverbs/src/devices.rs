@@ -79,6 +79,15 @@ pub fn address_of(name: &str, prefer_v6: bool) -> Option<IpAddr> {
     pick(prefer_v6).or_else(|| pick(!prefer_v6))
 }
 
+/// The MTU of the interface that holds `ip`.
+pub fn mtu_of(ip: IpAddr) -> Option<u32> {
+    interfaces()
+        .ok()?
+        .into_iter()
+        .find(|i| i.addrs.contains(&ip))?
+        .mtu
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

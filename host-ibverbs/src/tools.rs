@@ -55,9 +55,10 @@ pub struct PerfArgs {
     /// Work requests in flight per connection (bandwidth tests).
     #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
     pub tx_depth: u32,
-    /// Payload bytes per packet.
-    #[arg(short = 'm', long = "mtu", default_value_t = 4096)]
-    pub mtu: u32,
+    /// Payload bytes per packet (default: the largest RoCE MTU, 256 to 4096, that fits the
+    /// interface without IP fragmentation).
+    #[arg(short = 'm', long = "mtu")]
+    pub mtu: Option<u32>,
     /// Paths per connection, each with its own UDP source port.
     #[arg(long, default_value_t = 8)]
     pub paths: u8,
@@ -289,7 +290,7 @@ pub fn run_loopback(json: bool, seconds: f64) -> ExitCode {
             report_gbits: true,
             all: false,
             tx_depth: 128,
-            mtu: 4096,
+            mtu: None,
             paths: 8,
             window: 16,
             transport: Transport::Udp,

@@ -96,8 +96,9 @@ pub struct PerfConfig {
     pub qps: u32,
     /// Paths per connection.
     pub paths: u8,
-    /// Payload bytes per packet.
-    pub mtu: u32,
+    /// Payload bytes per packet; None picks the largest RoCE MTU (256 to 4096) that fits the
+    /// local interface's MTU without IP fragmentation.
+    pub mtu: Option<u32>,
     /// Packets in flight per path.
     pub window: u32,
     /// Work requests in flight per connection (bandwidth tests).
@@ -129,7 +130,7 @@ impl PerfConfig {
             duration: None,
             qps: 1,
             paths: 8,
-            mtu: 4096,
+            mtu: None,
             window: 16,
             tx_depth: 128,
             all_sizes: false,
@@ -411,11 +412,12 @@ fn open_endpoint(
         }
         Err(e) => return Err(e.into()),
     };
+    let mtu = packet_mtu(cfg.mtu, local_ip)?;
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq();
     let attr = QpAttr {
         paths: cfg.paths,
-        mtu: cfg.mtu,
+        mtu,
         window_per_path: cfg.window,
         ..QpAttr::default()
     };
@@ -423,6 +425,31 @@ fn open_endpoint(
         .map(|_| pd.create_qp(&cq, &attr))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Endpoint { ctx, pd, cq, qps })
+}
+
+/// Bytes a packet adds to its payload: IP, UDP, BTH, the largest MetaRoCE data headers, pad
+/// and ICRC.
+fn packet_overhead(ip: IpAddr) -> u32 {
+    (if ip.is_ipv4() { 20 } else { 40 }) + 8 + 64
+}
+
+/// The payload per packet: `explicit` if it fits the interface of `local_ip`, else the largest
+/// RoCE MTU that does (datagrams are never fragmented: a lost fragment loses the packet).
+pub fn packet_mtu(explicit: Option<u32>, local_ip: IpAddr) -> Result<u32, PerfError> {
+    let link = crate::devices::mtu_of(local_ip).unwrap_or(1500);
+    let room = link.saturating_sub(packet_overhead(local_ip));
+    let best = [4096u32, 2048, 1024, 512, 256]
+        .into_iter()
+        .find(|m| *m <= room)
+        .ok_or_else(|| PerfError::Invalid(format!("the interface MTU {link} is too small")))?;
+    match explicit {
+        None => Ok(best),
+        Some(m) if m <= room => Ok(m),
+        Some(m) => Err(PerfError::Invalid(format!(
+            "-m {m} does not fit the MTU {link} of the interface of {local_ip} without \
+             fragmentation; the largest RoCE MTU that does is {best}"
+        ))),
+    }
 }
 
 fn validate(cfg: &PerfConfig) -> Result<(), PerfError> {
@@ -463,7 +490,6 @@ pub fn run_client(
         .with("test", cfg.test.name())
         .with("qps", cfg.qps)
         .with("paths", cfg.paths)
-        .with("mtu", cfg.mtu)
         .with("window", cfg.window)
         .with("busy", u8::from(cfg.busy_poll))
         .with("data", ep.ctx.local_addr())
@@ -538,7 +564,6 @@ fn serve_channel(cfg: &PerfConfig, chan: &mut Channel) -> Result<Served, PerfErr
     let mut mine = cfg.clone();
     mine.qps = hello.get("qps")?;
     mine.paths = hello.get("paths")?;
-    mine.mtu = hello.get("mtu")?;
     mine.window = hello.get("window")?;
     mine.duration = hello
         .get::<u64>("duration_ms")

@@ -702,7 +702,11 @@ pub(super) fn server_phase(
             let idle = ep.qps.iter().all(|q| q.is_idle());
             let late = done_at.is_some_and(|t| t.elapsed() > Duration::from_secs(5));
             if (all_in && idle) || late {
-                if !all_in {
+                // Every message exactly once: more would mean a duplicate delivery.
+                if !all_in
+                    || (cfg.test == Test::SendBw
+                        && received.iter().zip(counts).any(|(r, c)| r != c))
+                {
                     ok = false;
                 }
                 if cfg.test == Test::WriteBw {

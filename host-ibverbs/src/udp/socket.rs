@@ -189,9 +189,22 @@ impl UdpSocket {
             set_opt(raw, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
             set_opt(raw, libc::IPPROTO_IPV6, IPV6_TCLASS, i32::from(ECT0))?;
             set_opt(raw, libc::IPPROTO_IPV6, IPV6_RECVTCLASS, 1)?;
+            // Never fragment: a datagram too large for the path fails to send instead.
+            set_opt(
+                raw,
+                libc::IPPROTO_IPV6,
+                libc::IPV6_MTU_DISCOVER,
+                libc::IPV6_PMTUDISC_DO,
+            )?;
         } else {
             set_opt(raw, libc::IPPROTO_IP, libc::IP_TOS, i32::from(ECT0))?;
             set_opt(raw, libc::IPPROTO_IP, IP_RECVTOS, 1)?;
+            set_opt(
+                raw,
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                libc::IP_PMTUDISC_DO,
+            )?;
         }
         // Ask for the buffers; without CAP_NET_ADMIN the kernel caps them at rmem_max/wmem_max.
         let rcv = i32::try_from(opts.rcvbuf).unwrap_or(i32::MAX);

@@ -1,0 +1,253 @@
+//! Two hosts: network namespaces joined by a veth pair, created by each test, with real loss,
+//! real ECN marks (nftables) and a real bottleneck (tbf) in the kernel.
+//!
+//! These need root (CAP_NET_ADMIN) and the `ip`, `nft` and `tc` commands; `scripts/test.sh`
+//! installs them and runs these tests (`--include-ignored`).
+
+mod common;
+
+use common::{assert_success, pair, server_counter, server_device_counter};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+static NEXT: AtomicU32 = AtomicU32::new(1);
+
+fn sh(args: &[&str]) {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("{} cannot run ({e}); scripts/test.sh installs it", args[0]));
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Two namespaces `a` (client, 10.77.N.1) and `b` (server, 10.77.N.2) on a veth pair.
+struct Hosts {
+    a: String,
+    b: String,
+    dev_a: String,
+    server: String,
+}
+
+impl Hosts {
+    fn new() -> Hosts {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let tag = format!("{}{n}", std::process::id() % 10_000);
+        let h = Hosts {
+            a: format!("mra{tag}"),
+            b: format!("mrb{tag}"),
+            dev_a: format!("va{tag}"),
+            server: format!("10.77.{n}.2"),
+        };
+        let dev_b = format!("vb{tag}");
+        sh(&["ip", "netns", "add", &h.a]);
+        sh(&["ip", "netns", "add", &h.b]);
+        sh(&[
+            "ip", "link", "add", &h.dev_a, "netns", &h.a, "type", "veth", "peer", "name", &dev_b,
+            "netns", &h.b,
+        ]);
+        sh(&[
+            "ip",
+            "-n",
+            &h.a,
+            "addr",
+            "add",
+            &format!("10.77.{n}.1/24"),
+            "dev",
+            &h.dev_a,
+        ]);
+        sh(&[
+            "ip",
+            "-n",
+            &h.b,
+            "addr",
+            "add",
+            &format!("10.77.{n}.2/24"),
+            "dev",
+            &dev_b,
+        ]);
+        for (ns, dev) in [(&h.a, &h.dev_a), (&h.b, &dev_b)] {
+            sh(&["ip", "-n", ns, "link", "set", dev, "up"]);
+            sh(&["ip", "-n", ns, "link", "set", "lo", "up"]);
+        }
+        h
+    }
+
+    fn exec(&self, ns: &str) -> Vec<String> {
+        vec!["ip".into(), "netns".into(), "exec".into(), ns.into()]
+    }
+
+    /// Loads an nftables ruleset into a namespace.
+    fn nft(&self, ns: &str, rules: &str) {
+        let path = std::env::temp_dir().join(format!("{ns}.nft"));
+        std::fs::write(&path, rules).unwrap();
+        sh(&[
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            "nft",
+            "-f",
+            path.to_str().unwrap(),
+        ]);
+        std::fs::remove_file(path).ok();
+    }
+
+    /// Drops `per_mille` of the RoCEv2 datagrams arriving in both namespaces.
+    fn loss(&self, per_mille: u32) {
+        for ns in [&self.a, &self.b] {
+            self.nft(
+                ns,
+                &format!(
+                    "table inet mrloss {{\n chain in {{\n type filter hook input priority 0;\n \
+                     udp dport 4791 numgen random mod 1000 < {per_mille} drop\n }}\n}}\n"
+                ),
+            );
+        }
+    }
+
+    fn run(&self, test: &str, client_args: &[&str]) -> common::Pair {
+        let sa = self.exec(&self.b);
+        let ca = self.exec(&self.a);
+        let s: Vec<&str> = sa.iter().map(String::as_str).collect();
+        let c: Vec<&str> = ca.iter().map(String::as_str).collect();
+        pair(test, &s, &[], &c, client_args, &self.server, &[])
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.a]).status();
+        let _ = Command::new("ip").args(["netns", "del", &self.b]).status();
+    }
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+#[ignore = "needs root for network namespaces; scripts/test.sh runs it"]
+fn sixty_four_mib_across_two_namespaces() {
+    let h = Hosts::new();
+    for test in ["write-bw", "send-bw", "read-bw"] {
+        let p = h.run(
+            test,
+            &["-s", "1048576", "-n", "16", "-q", "4", "--paths", "8"],
+        );
+        assert_success(&p);
+        let r = &p.client_json()[0];
+        assert_eq!(r["verified"], true, "{test}");
+        assert_eq!(r["total_bytes"].as_u64(), Some(64 * MIB), "{test}");
+        assert_eq!(r["paths_used"], 8, "{test}");
+        assert_eq!(p.server_json()["verified"], true);
+        // The veth MTU is 1500: packets carry 1024 bytes and are never fragmented.
+        assert_eq!(server_counter(&p, "rx_drop_malformed"), 0);
+    }
+}
+
+#[test]
+#[ignore = "needs root for network namespaces; scripts/test.sh runs it"]
+fn real_loss_of_1_5_and_10_percent_every_byte_once() {
+    for per_mille in [10, 50, 100] {
+        let h = Hosts::new();
+        h.loss(per_mille);
+        // Sends: a message delivered twice would consume a second receive buffer and fail the
+        // server's exact count; every byte is compared with the pattern.
+        let p = h.run(
+            "send-bw",
+            &["-s", "1048576", "-n", "32", "-q", "2", "--paths", "8"],
+        );
+        assert_success(&p);
+        let r = &p.client_json()[0];
+        assert_eq!(r["verified"], true, "{per_mille}");
+        assert_eq!(r["total_bytes"].as_u64(), Some(64 * MIB));
+        let s = p.server_json();
+        assert_eq!(s["bytes_checked"].as_u64(), Some(64 * MIB), "{per_mille}");
+        let packets = 64 * MIB / 1024;
+        let retx = r["retransmits"].as_u64().unwrap();
+        let expected = packets * u64::from(per_mille) / 1000;
+        assert!(
+            retx >= expected / 2 && retx <= expected * 3,
+            "{per_mille}/1000 loss: {retx} retransmissions for about {expected} losses"
+        );
+        // Writes too: the bytes land where they belong.
+        let p = h.run(
+            "write-bw",
+            &["-s", "1048576", "-n", "32", "-q", "2", "--paths", "8"],
+        );
+        assert_success(&p);
+        assert_eq!(p.client_json()[0]["verified"], true);
+    }
+}
+
+#[test]
+#[ignore = "needs root for network namespaces; scripts/test.sh runs it"]
+fn ecn_marks_set_in_the_kernel_reach_both_ends() {
+    let h = Hosts::new();
+    h.nft(
+        &h.b,
+        "table inet mrecn {\n chain pre {\n type filter hook prerouting priority -150;\n \
+         udp dport 4791 numgen random mod 100 < 10 ip ecn set ce\n }\n}\n",
+    );
+    let p = h.run("write-bw", &["-s", "1048576", "-n", "16", "-q", "2"]);
+    assert_success(&p);
+    let marks = server_device_counter(&p, "rx_ecn_ce");
+    let seen = server_counter(&p, "ecn_ce_received");
+    let packets = 32 * MIB / 1024;
+    assert!(
+        marks > packets / 20 && marks < packets / 5,
+        "about 10% of {packets} packets marked, saw {marks}"
+    );
+    assert_eq!(
+        seen, marks,
+        "every CE mark the socket reported reached the connection"
+    );
+    let echoed = p.client_json()[0]["ecn_marks_echoed"].as_u64().unwrap();
+    assert!(
+        echoed > 0,
+        "the receiver's ACKs carried the marks back to the sender"
+    );
+    // Unmarked, nothing is reported: the marks are the kernel's, not ours.
+    let h = Hosts::new();
+    let p = h.run("write-bw", &["-s", "1048576", "-n", "16"]);
+    assert_success(&p);
+    assert_eq!(server_device_counter(&p, "rx_ecn_ce"), 0);
+}
+
+#[test]
+#[ignore = "needs root for network namespaces; scripts/test.sh runs it"]
+fn a_tbf_bottleneck_drops_packets_and_every_byte_still_arrives() {
+    let h = Hosts::new();
+    sh(&[
+        "ip", "netns", "exec", &h.a, "tc", "qdisc", "add", "dev", &h.dev_a, "root", "tbf", "rate",
+        "1gbit", "burst", "64kb", "limit", "200kb",
+    ]);
+    let p = h.run("write-bw", &["-s", "1048576", "-n", "16", "-q", "2"]);
+    assert_success(&p);
+    let r = &p.client_json()[0];
+    assert_eq!(r["verified"], true);
+    assert!(
+        r["bw_avg_gbps"].as_f64().unwrap() < 1.05,
+        "the bottleneck held: {r}"
+    );
+    let out = Command::new("ip")
+        .args([
+            "netns", "exec", &h.a, "tc", "-s", "qdisc", "show", "dev", &h.dev_a,
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let dropped: u64 = text
+        .split("dropped ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no drop count in {text}"));
+    assert!(dropped > 0, "the queue overflowed: {text}");
+    assert!(
+        r["retransmits"].as_u64().unwrap() >= dropped,
+        "every queue drop was repaired"
+    );
+}
