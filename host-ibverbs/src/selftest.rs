@@ -584,7 +584,9 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
         eprintln!("A {:?}", a.conn.counters());
         eprintln!("B {:?}", b.conn.counters());
     }
-    report.retransmissions = a.conn.counters().retransmitted + b.conn.counters().retransmitted;
+    // Packets sent again after a receiver-not-ready NACK are not loss repairs.
+    let retx = |c: &transport_core::conn::Counters| c.retransmitted - c.rnr_retries;
+    report.retransmissions = retx(a.conn.counters()) + retx(b.conn.counters());
     report.retransmits_per_loss = if report.data_packets_lost == 0 {
         0.0
     } else {

@@ -422,3 +422,72 @@ fn atomics_compare_swap_and_fetch_add_with_rights() {
     );
     assert_eq!(p.b.conn.counters().access_violations, 1);
 }
+
+/// Atomics execute in the order they were posted even when the second overtakes the first on
+/// another path: the early one is answered receiver-not-ready and comes again.
+#[test]
+fn an_atomic_that_overtakes_an_earlier_one_waits_for_it() {
+    let mut p = Pair::new();
+    p.b.mem[0x100..0x108].copy_from_slice(&40u64.to_ne_bytes());
+    p.b.conn
+        .register(Region {
+            key: KEY,
+            base: BASE,
+            len: 0x1000,
+            access: Access::REMOTE_ATOMIC,
+        })
+        .unwrap();
+    for (id, op) in [
+        (1, WrOp::FetchAdd(2)),
+        (
+            2,
+            WrOp::CompareSwap {
+                compare: 42,
+                swap: 7,
+            },
+        ),
+    ] {
+        p.a.conn
+            .post(
+                0,
+                WorkRequest {
+                    id,
+                    op,
+                    stream: 0,
+                    local_addr: BASE + 0x8000 + 8 * id,
+                    len: 8,
+                    remote: RemoteAddr {
+                        va: BASE + 0x100,
+                        rkey: KEY,
+                    },
+                },
+            )
+            .unwrap();
+    }
+    p.transmit();
+    let wire = std::mem::take(&mut p.wire);
+    let to_b: Vec<_> = wire.iter().filter(|w| w.0).cloned().collect();
+    assert_eq!(to_b.len(), 2, "one packet per atomic");
+    // The compare-and-swap arrives first: it must not run before the fetch-and-add.
+    let early = p.deliver(true, to_b[1].1, &to_b[1].2);
+    assert!(
+        matches!(early, Ok(transport_core::conn::Delivery::Nothing)),
+        "{early:?}"
+    );
+    let value = |mem: &[u8], at: usize| u64::from_ne_bytes(mem[at..at + 8].try_into().unwrap());
+    assert_eq!(value(&p.b.mem, 0x100), 40, "nothing executed yet");
+    let _ = p.deliver(true, to_b[0].1, &to_b[0].2);
+    assert_eq!(value(&p.b.mem, 0x100), 42);
+    p.settle();
+    assert_eq!(
+        value(&p.b.mem, 0x100),
+        7,
+        "then the compare-and-swap matched 42"
+    );
+    assert_eq!(value(&p.a.mem, 0x8008), 40);
+    assert_eq!(value(&p.a.mem, 0x8010), 42);
+    assert!(p.a.conn.counters().rnr_retries >= 1);
+    let c = completions(&p.a.events);
+    assert_eq!(c.len(), 2);
+    assert!(c.iter().all(|c| c.status == Status::Success));
+}

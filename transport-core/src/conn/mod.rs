@@ -1226,6 +1226,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let idx = psn.get() as usize % W;
         let msg_no = self.pkts[idx].msg;
         if nack.reason == NackReason::ReceiverNotReady {
+            self.counters.rnr_retries += 1;
             self.pkts[idx].acked = false;
             // Forget which transmission this was, so that its ACK cannot mark it delivered.
             self.pkts[idx].path = u8::MAX;
@@ -1535,7 +1536,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     Ok(addr) => addr,
                     Err(reason) => return self.refuse(bth.psn, i, &data, reason, true),
                 };
-                if self.msg_tail.wrapping_sub(self.msg_head) as usize >= Q {
+                // Atomics execute in order after everything sent before them (as Verbs orders
+                // them): one that overtook an earlier packet on another path waits, answered
+                // receiver-not-ready, and comes again.
+                if offset_psn != 0 || self.msg_tail.wrapping_sub(self.msg_head) as usize >= Q {
                     return self.refuse(bth.psn, i, &data, NackReason::ReceiverNotReady, false);
                 }
                 self.pending_atomic = Some(PendingAtomic {

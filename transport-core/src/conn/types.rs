@@ -238,8 +238,11 @@ pub enum PostError {
 pub struct Counters {
     /// Data packets sent for the first time.
     pub data_sent: u64,
-    /// Data packets sent again.
+    /// Data packets sent again (after a loss, or after a receiver-not-ready NACK).
     pub retransmitted: u64,
+    /// Packets queued again because the peer was not ready (a receiver-not-ready NACK: no
+    /// receive buffer, a full queue, or an atomic that overtook earlier packets); not losses.
+    pub rnr_retries: u64,
     /// Data packets acknowledged.
     pub acked: u64,
     /// Data packets acknowledged selectively (above a gap).
