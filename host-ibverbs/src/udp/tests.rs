@@ -309,3 +309,140 @@ fn datagrams_for_unknown_queue_pairs_or_from_strangers_are_counted_and_dropped()
     pump(&a, &b, 1, 0);
     assert!(dst.to_vec().iter().all(|&x| x == 9));
 }
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// Garbage, truncated frames, a wrong ICRC, a forged QPN, P_Key or rkey, and a flood from a
+/// stranger: all dropped and counted, nothing written, memory bounded, and the real peer still
+/// served on the same queue pair.
+#[test]
+fn hostile_datagrams_are_dropped_and_counted_while_the_peer_is_served() {
+    let dir = std::env::temp_dir().join(format!("metaroce-hostile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pcap = dir.join("a.pcap");
+    let mut cfg = DeviceConfig::new(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    cfg.port = 0;
+    cfg.pcap = Some(pcap.clone());
+    let ctx = Context::open(&cfg).unwrap();
+    let a = Side {
+        pd: ctx.alloc_pd(),
+        cq: ctx.create_cq(),
+        ctx,
+    };
+    let b = side();
+    let attr = QpAttr::default();
+    let qa = a.pd.create_qp(&a.cq, &attr).unwrap();
+    let qb = b.pd.create_qp(&b.cq, &attr).unwrap();
+    qa.connect(&qb.info()).unwrap();
+    qb.connect(&qa.info()).unwrap();
+    let src = a.pd.reg_mr(64 << 10, Access::LOCAL_WRITE).unwrap();
+    src.write(0, &pattern(64 << 10, 3)).unwrap();
+    let dst = b.pd.reg_mr(64 << 10, Access::REMOTE_WRITE).unwrap();
+    let write = |id: u64, off: usize| {
+        qa.post_send(&SendWr {
+            wr_id: id,
+            op: WrOp::Write,
+            stream: 0,
+            local: src.sge(off, 4096),
+            remote: dst.remote(off as u64),
+        })
+        .unwrap();
+        pump(&a, &b, 1, 0);
+    };
+    write(1, 0);
+    a.ctx.finish_pcap().unwrap();
+    // A real Write datagram as it went out, to forge from.
+    let (frames, err) = crate::capture::read(&std::fs::read(&pcap).unwrap());
+    assert!(err.is_none());
+    let real: Vec<u8> = frames
+        .iter()
+        .map(|f| f.data[14 + 20 + 8..].to_vec())
+        .find(|d| d.len() > 4096)
+        .expect("a full data packet");
+    let target = b.ctx.local_addr();
+    let attacker = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let aport = attacker.local_addr().unwrap().port();
+    let reseal = |mut d: Vec<u8>| {
+        let n = d.len() - 4;
+        let icrc = transport_core::conn::compute_icrc(
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            aport,
+            target.port(),
+            &d[..n],
+        );
+        d[n..].copy_from_slice(&icrc.to_le_bytes());
+        d
+    };
+    let psn_ahead = |mut d: Vec<u8>, ahead: u32| {
+        let psn = u32::from_be_bytes([0, d[9], d[10], d[11]]).wrapping_add(ahead) & 0xff_ffff;
+        d[9..12].copy_from_slice(&psn.to_be_bytes()[1..]);
+        d
+    };
+    let before = dst.to_vec();
+    let send = |d: &[u8]| {
+        attacker.send_to(d, target).unwrap();
+    };
+    send(b"garbage that is not a frame at all");
+    send(&real[..7]); // truncated below a BTH
+    send(&real[..100]); // truncated inside the payload
+    let mut bad_icrc = psn_ahead(real.clone(), 500);
+    bad_icrc[60] ^= 1;
+    send(&bad_icrc);
+    let mut wrong_qp = real.clone();
+    wrong_qp[7] ^= 0x55;
+    send(&reseal(wrong_qp));
+    let mut wrong_pkey = psn_ahead(real.clone(), 600);
+    wrong_pkey[2] = 0x12;
+    send(&reseal(wrong_pkey));
+    // A forged rkey on a fresh sequence number: checked before anything is written.
+    let rkey = dst.rkey().to_be_bytes();
+    let at = real
+        .windows(4)
+        .position(|w| w == rkey)
+        .expect("rkey in the Write");
+    let mut forged = psn_ahead(real.clone(), 700);
+    forged[at] ^= 0xff;
+    send(&reseal(forged));
+    // A flood from a stranger's address.
+    let stranger = std::net::UdpSocket::bind("127.0.0.2:0").unwrap();
+    let rss0 = rss_bytes();
+    let mut junk = real.clone();
+    for i in 0..50_000u32 {
+        junk[12..16].copy_from_slice(&i.to_be_bytes());
+        stranger.send_to(&junk, target).unwrap();
+        if i % 1000 == 0 {
+            b.ctx.progress(Duration::ZERO);
+        }
+    }
+    let end = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < end && b.ctx.progress(Duration::from_millis(20)) {}
+    let grew = rss_bytes().saturating_sub(rss0);
+    let dev = b.ctx.counters();
+    let conn = qb.counters();
+    assert_eq!(dev.rx_drop_runt, 1, "{dev:?}");
+    assert_eq!(
+        dev.rx_drop_unknown_qp, 2,
+        "garbage and the forged QPN: {dev:?}"
+    );
+    assert!(dev.rx_drop_wrong_peer > 0, "the stranger's flood: {dev:?}");
+    assert!(dev.rx_drop_wrong_peer <= 50_000);
+    assert_eq!(conn.drop_malformed, 2, "truncated and bad ICRC: {conn:?}");
+    assert_eq!(conn.drop_wrong_pkey, 1, "{conn:?}");
+    assert_eq!(conn.access_violations, 1, "{conn:?}");
+    assert_eq!(dst.to_vec(), before, "nothing was written by any of them");
+    assert!(
+        grew < 16 << 20,
+        "memory stayed bounded under the flood: grew {grew} bytes"
+    );
+    // The real peer is still served on the same queue pair.
+    for (id, off) in [(2, 4096), (3, 8192)] {
+        write(id, off);
+    }
+    assert!(dst.equals(0, &pattern(64 << 10, 3)[..12288]).unwrap());
+    std::fs::remove_dir_all(&dir).ok();
+}
