@@ -485,15 +485,15 @@ pub fn run_client(
     let local_ip = cfg
         .bind
         .unwrap_or(chan.local_addr().map_err(OobError::Io)?.ip().to_canonical());
-    let ep = open_endpoint(cfg, local_ip, true)?;
+    // The server opens its device first (so it gets the data port it asks for, 4791 by
+    // default, even when both ends share a host); the client then takes the same port if it is
+    // free, any other if not, and sends its queue pairs.
     let mut hello = Message::new("hello")
         .with("test", cfg.test.name())
         .with("qps", cfg.qps)
         .with("paths", cfg.paths)
         .with("window", cfg.window)
-        .with("busy", u8::from(cfg.busy_poll))
-        .with("data", ep.ctx.local_addr())
-        .with("qp", encode_qps(&ep.qps));
+        .with("busy", u8::from(cfg.busy_poll));
     if let Some(d) = cfg.duration {
         hello = hello.with("duration_ms", d.as_millis());
     }
@@ -501,13 +501,19 @@ pub fn run_client(
     let reply = chan.expect("hello", Some(Duration::from_secs(10)))?;
     let data: SocketAddr = reply.get("data")?;
     let peers = decode_qps(reply.text("qp")?, data)?;
-    if peers.len() != ep.qps.len() {
+    if peers.len() != cfg.qps as usize {
         return Err(PerfError::Mismatch(format!(
             "the server made {} connections, {} were asked",
             peers.len(),
-            ep.qps.len()
+            cfg.qps
         )));
     }
+    let ep = open_endpoint(cfg, local_ip, true)?;
+    chan.send(
+        &Message::new("qps")
+            .with("data", ep.ctx.local_addr())
+            .with("qp", encode_qps(&ep.qps)),
+    )?;
     for (q, p) in ep.qps.iter().zip(&peers) {
         q.connect(p)?;
     }
@@ -574,19 +580,20 @@ fn serve_channel(cfg: &PerfConfig, chan: &mut Channel) -> Result<Served, PerfErr
         .bind
         .unwrap_or(chan.local_addr().map_err(OobError::Io)?.ip().to_canonical());
     let ep = open_endpoint(&mine, local_ip, false)?;
-    let data: SocketAddr = hello.get("data")?;
-    let peers = decode_qps(hello.text("qp")?, data)?;
+    chan.send(
+        &Message::new("hello")
+            .with("data", ep.ctx.local_addr())
+            .with("qp", encode_qps(&ep.qps)),
+    )?;
+    let qps = chan.expect("qps", Some(Duration::from_secs(30)))?;
+    let data: SocketAddr = qps.get("data")?;
+    let peers = decode_qps(qps.text("qp")?, data)?;
     if peers.len() != ep.qps.len() {
         return Err(PerfError::Invalid("qp list length differs from qps".into()));
     }
     for (q, p) in ep.qps.iter().zip(&peers) {
         q.connect(p)?;
     }
-    chan.send(
-        &Message::new("hello")
-            .with("data", ep.ctx.local_addr())
-            .with("qp", encode_qps(&ep.qps)),
-    )?;
     let mut served = Served {
         test,
         phases: 0,

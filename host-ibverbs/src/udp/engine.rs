@@ -6,7 +6,9 @@
 //! writes, and it checks every write against the live regions of the device before doing it,
 //! independently of the core's own checks.
 
-use super::socket::{RecvMeta, SocketOptions, UdpSocket, GSO_MAX_BYTES, GSO_MAX_SEGMENTS};
+use super::socket::{
+    RecvBatch, RecvMeta, SocketOptions, UdpSocket, GSO_MAX_BYTES, GSO_MAX_SEGMENTS,
+};
 use super::stats::{EngineCounters, QpSnapshot};
 use super::WorkCompletion;
 use crate::capture::PcapWriter;
@@ -74,6 +76,8 @@ struct Stage {
     buf: Vec<u8>,
     segment: usize,
     count: usize,
+    /// It holds a datagram with payload (sent before those with headers only).
+    data: bool,
 }
 
 /// The engine of one device.
@@ -88,10 +92,11 @@ pub(crate) struct Engine {
     pub next_internal: u64,
     pub counters: EngineCounters,
     pcap: Option<PcapWriter<BufWriter<File>>>,
-    rx_bufs: Vec<Vec<u8>>,
-    rx_meta: Vec<RecvMeta>,
+    rx_batch: RecvBatch,
     scratch: Vec<u8>,
     stages: HashMap<(u16, SocketAddr), Stage>,
+    /// Reused by `transmit` (no allocation per round).
+    qpn_list: Vec<u32>,
     pub gso: bool,
     pub busy_poll: bool,
     /// Keepalives released inside the engine, dropped by the caller after the engine is
@@ -119,10 +124,10 @@ impl Engine {
             next_internal: 1,
             counters: EngineCounters::default(),
             pcap,
-            rx_bufs: vec![vec![0u8; 65536]; RX_BATCH],
-            rx_meta: vec![RecvMeta::default(); RX_BATCH],
+            rx_batch: RecvBatch::new(RX_BATCH, 65536),
             scratch: vec![0u8; 65536],
             stages: HashMap::new(),
+            qpn_list: Vec::new(),
             gso,
             busy_poll,
             release: Vec::new(),
@@ -158,18 +163,20 @@ impl Engine {
     /// One round: timers, arrivals, transmissions, completions. Waits up to `wait` for
     /// something to arrive when there is nothing to do. Returns whether anything happened.
     pub fn progress(&mut self, wait: Duration) -> bool {
-        let mut busy = self.run_timers();
+        // Send what was posted first (an answer to a ping goes out at once), then read, then
+        // hand completions over; acknowledgements the arrivals call for go out next round.
+        let now = self.now();
+        let mut busy = self.run_timers(now);
+        busy |= self.transmit(now);
         for _ in 0..RX_ROUNDS {
-            let got = self.receive();
+            let got = self.receive(now);
             busy |= got > 0;
             if got < RX_BATCH {
                 break;
             }
         }
-        busy |= self.transmit();
-        self.drain_events();
+        busy |= self.drain_events() > 0;
         if !busy && !wait.is_zero() && !self.busy_poll {
-            let now = self.now();
             let mut timeout = wait.as_nanos() as u64;
             for qp in self.qps.values() {
                 if let Some(t) = qp.conn.as_ref().and_then(|c| c.poll_timeout()) {
@@ -177,16 +184,16 @@ impl Engine {
                 }
             }
             if timeout > 0 && self.rx.wait_readable_ns(timeout).unwrap_or(false) {
-                busy |= self.receive() > 0;
-                busy |= self.transmit();
+                let now = self.now();
+                busy |= self.receive(now) > 0;
+                busy |= self.transmit(now);
                 self.drain_events();
             }
         }
         busy
     }
 
-    fn run_timers(&mut self) -> bool {
-        let now = self.now();
+    fn run_timers(&mut self, now: u64) -> bool {
         let mut fired = false;
         for qp in self.qps.values_mut() {
             if let Some(conn) = qp.conn.as_mut() {
@@ -200,23 +207,20 @@ impl Engine {
     }
 
     /// Reads what waits on the receive socket and hands it to the connections.
-    fn receive(&mut self) -> usize {
-        let n = match self.rx.recv_batch(&mut self.rx_bufs, &mut self.rx_meta) {
+    fn receive(&mut self, now: u64) -> usize {
+        let mut batch = std::mem::replace(&mut self.rx_batch, RecvBatch::new(0, 0));
+        let n = match self.rx.recv_batch(&mut batch) {
             Ok(n) => n,
             Err(_) => {
                 self.counters.rx_errors += 1;
-                return 0;
+                0
             }
         };
-        if n == 0 {
-            return 0;
+        if n > 0 {
+            self.counters.rx_syscalls += 1;
         }
-        self.counters.rx_syscalls += 1;
-        let now = self.now();
         for i in 0..n {
-            let meta = self.rx_meta[i];
-            let buf = std::mem::take(&mut self.rx_bufs[i]);
-            let data = &buf[..meta.len.min(buf.len())];
+            let (data, meta) = batch.get(i);
             let seg = if meta.segment > 0 {
                 meta.segment
             } else {
@@ -228,8 +232,8 @@ impl Engine {
             for d in data.chunks(seg) {
                 self.dispatch(now, meta, d);
             }
-            self.rx_bufs[i] = buf;
         }
+        self.rx_batch = batch;
         n
     }
 
@@ -324,12 +328,13 @@ impl Engine {
 
     /// Asks every connection for what it has to send, fills in payloads from memory, and sends
     /// it, one GSO call per path where consecutive datagrams allow.
-    fn transmit(&mut self) -> bool {
-        let now = self.now();
+    fn transmit(&mut self, now: u64) -> bool {
         let mut sent = false;
         let mut scratch = std::mem::take(&mut self.scratch);
-        let qpns: Vec<u32> = self.qps.keys().copied().collect();
-        for qpn in qpns {
+        let mut qpns = std::mem::take(&mut self.qpn_list);
+        qpns.clear();
+        qpns.extend(self.qps.keys().copied());
+        for &qpn in &qpns {
             loop {
                 let qp = self.qps.get_mut(&qpn).expect("qp listed above");
                 let (Some(conn), Some(peer)) = (qp.conn.as_mut(), qp.peer) else {
@@ -358,15 +363,16 @@ impl Engine {
                 }
                 conn.seal(&tx, &mut scratch);
                 sent = true;
-                self.stage(tx.src_port, peer, &scratch[..tx.len]);
+                self.stage(tx.src_port, peer, &scratch[..tx.len], tx.payload_len > 0);
             }
         }
         self.scratch = scratch;
+        self.qpn_list = qpns;
         self.flush();
         sent
     }
 
-    fn stage(&mut self, src_port: u16, dst: SocketAddr, d: &[u8]) {
+    fn stage(&mut self, src_port: u16, dst: SocketAddr, d: &[u8], data: bool) {
         self.counters.tx_packets += 1;
         self.counters.tx_bytes += d.len() as u64;
         if let Some(p) = self.pcap.as_mut() {
@@ -398,22 +404,27 @@ impl Engine {
             buf: Vec::with_capacity(GSO_MAX_BYTES),
             segment: 0,
             count: 0,
+            data: false,
         });
         if s.count == 0 {
             s.segment = d.len();
+            s.data = false;
         }
+        s.data |= data;
         s.buf.extend_from_slice(d);
         s.count += 1;
     }
 
     fn flush(&mut self) {
-        let keys: Vec<(u16, SocketAddr)> = self
+        // Payload before acknowledgements: an answer to a ping should not wait behind an ACK.
+        let mut keys: Vec<(bool, (u16, SocketAddr))> = self
             .stages
             .iter()
             .filter(|(_, s)| s.count > 0)
-            .map(|(k, _)| *k)
+            .map(|(k, s)| (!s.data, *k))
             .collect();
-        for k in keys {
+        keys.sort_unstable_by_key(|(control, _)| *control);
+        for (_, k) in keys {
             self.flush_one(k);
         }
     }
@@ -432,7 +443,12 @@ impl Engine {
                     ..self.opts
                 },
             )
-            .ok();
+            .ok()
+            .map(|mut s| {
+                // A send-only socket: connecting it caches the route to its first peer.
+                let _ = s.connect(dst);
+                s
+            });
             if sock.is_none() {
                 self.counters.tx_port_fallback += 1;
             }
@@ -471,8 +487,10 @@ impl Engine {
         self.stages.insert(key, s);
     }
 
-    /// Moves the connections' events into their completion queues.
-    fn drain_events(&mut self) {
+    /// Moves the connections' events into their completion queues; returns how many
+    /// completions it moved.
+    fn drain_events(&mut self) -> usize {
+        let mut moved = 0;
         for (qpn, qp) in self.qps.iter_mut() {
             let Some(conn) = qp.conn.as_mut() else {
                 continue;
@@ -484,6 +502,7 @@ impl Engine {
                             continue;
                         };
                         self.release.push(p.keep);
+                        moved += 1;
                         qp.cq.queue.borrow_mut().push_back(WorkCompletion {
                             wr_id: p.user_id,
                             status: c.status,
@@ -500,6 +519,7 @@ impl Engine {
                 }
             }
         }
+        moved
     }
 
     /// A snapshot of every queue pair's counters.

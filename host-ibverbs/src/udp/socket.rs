@@ -36,6 +36,78 @@ pub struct SocketOptions {
     pub busy_poll_us: u32,
 }
 
+/// Buffers and headers for `recvmmsg`, set up once and reused: each receive call only resets
+/// two lengths per message.
+pub struct RecvBatch {
+    bufs: Vec<Vec<u8>>,
+    names: Box<[libc::sockaddr_storage]>,
+    // Only reached through `hdrs`, which point into them; kept here so they live as long.
+    _iovs: Box<[libc::iovec]>,
+    _controls: Box<[[u64; 8]]>,
+    hdrs: Box<[libc::mmsghdr]>,
+    meta: Vec<RecvMeta>,
+}
+
+impl RecvBatch {
+    /// `count` buffers of `size` bytes.
+    pub fn new(count: usize, size: usize) -> RecvBatch {
+        let mut bufs: Vec<Vec<u8>> = (0..count).map(|_| vec![0u8; size]).collect();
+        // SAFETY: all-zero is valid for these plain C structures.
+        let mut names: Box<[libc::sockaddr_storage]> =
+            (0..count).map(|_| unsafe { zeroed() }).collect();
+        let mut iovs: Box<[libc::iovec]> = bufs
+            .iter_mut()
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            })
+            .collect();
+        let mut controls: Box<[[u64; 8]]> = vec![[0u64; 8]; count].into_boxed_slice();
+        let hdrs: Box<[libc::mmsghdr]> = (0..count)
+            .map(|i| {
+                // SAFETY: all-zero is a valid mmsghdr; the pointers set point into the boxed
+                // slices above and the buffers, which the batch keeps (heap memory never moves).
+                let mut h: libc::mmsghdr = unsafe { zeroed() };
+                h.msg_hdr.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
+                h.msg_hdr.msg_iov = &mut iovs[i];
+                h.msg_hdr.msg_iovlen = 1;
+                h.msg_hdr.msg_control = controls[i].as_mut_ptr().cast();
+                h
+            })
+            .collect();
+        RecvBatch {
+            bufs,
+            names,
+            _iovs: iovs,
+            _controls: controls,
+            hdrs,
+            meta: vec![RecvMeta::default(); count],
+        }
+    }
+
+    /// Message `i` of the last receive: its bytes and what came with them.
+    pub fn get(&self, i: usize) -> (&[u8], RecvMeta) {
+        let m = self.meta[i];
+        (&self.bufs[i][..m.len.min(self.bufs[i].len())], m)
+    }
+
+    /// How many messages one call can receive.
+    pub fn capacity(&self) -> usize {
+        self.hdrs.len()
+    }
+}
+
+impl std::fmt::Debug for RecvBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "RecvBatch({} x {})",
+            self.bufs.len(),
+            self.bufs.first().map_or(0, Vec::len)
+        )
+    }
+}
+
 /// A non-blocking UDP socket.
 #[derive(Debug)]
 pub struct UdpSocket {
@@ -43,6 +115,7 @@ pub struct UdpSocket {
     local: SocketAddr,
     v6: bool,
     gro: bool,
+    peer: Option<SocketAddr>,
 }
 
 /// What one received message held.
@@ -241,7 +314,29 @@ impl UdpSocket {
             )
         })?;
         let local = from_raw(&bound).ok_or_else(|| io::Error::other("unknown address family"))?;
-        Ok(UdpSocket { fd, local, v6, gro })
+        Ok(UdpSocket {
+            fd,
+            local,
+            v6,
+            gro,
+            peer: None,
+        })
+    }
+
+    /// Connects the socket to `peer`: sends to it then use the cached route (no lookup per
+    /// datagram). Datagrams to other addresses can still be sent.
+    pub fn connect(&mut self, peer: SocketAddr) -> io::Result<()> {
+        let (storage, len) = to_raw(&peer);
+        // SAFETY: `storage` holds a valid socket address of `len` bytes.
+        cvt(unsafe {
+            libc::connect(
+                self.fd.as_raw_fd(),
+                (&storage as *const libc::sockaddr_storage).cast(),
+                len,
+            )
+        })?;
+        self.peer = Some(peer);
+        Ok(())
     }
 
     /// The bound address.
@@ -263,6 +358,7 @@ impl UdpSocket {
     /// datagrams of `segment` bytes (the last may be shorter) in one call (UDP GSO).
     pub fn send(&self, dst: &SocketAddr, buf: &[u8], segment: usize) -> io::Result<usize> {
         let (mut storage, len) = to_raw(dst);
+        let named = self.peer != Some(*dst);
         let mut iov = libc::iovec {
             iov_base: buf.as_ptr() as *mut libc::c_void,
             iov_len: buf.len(),
@@ -271,8 +367,10 @@ impl UdpSocket {
         let mut control = [0u64; 4];
         // SAFETY: all-zero is a valid msghdr; every pointer set below outlives the call.
         let mut msg: libc::msghdr = unsafe { zeroed() };
-        msg.msg_name = (&mut storage as *mut libc::sockaddr_storage).cast();
-        msg.msg_namelen = len;
+        if named {
+            msg.msg_name = (&mut storage as *mut libc::sockaddr_storage).cast();
+            msg.msg_namelen = len;
+        }
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
         if segment > 0 && buf.len() > segment {
@@ -301,36 +399,21 @@ impl UdpSocket {
         }
     }
 
-    /// Receives up to `bufs.len()` messages in one call without blocking; returns how many
-    /// arrived (0 when none were waiting).
-    pub fn recv_batch(&self, bufs: &mut [Vec<u8>], meta: &mut [RecvMeta]) -> io::Result<usize> {
-        const MAX: usize = 64;
-        let n = bufs.len().min(meta.len()).min(MAX);
-        // SAFETY: all-zero is valid for these plain C structures.
-        let mut names: [libc::sockaddr_storage; MAX] = unsafe { zeroed() };
-        // SAFETY: as above.
-        let mut iovs: [libc::iovec; MAX] = unsafe { zeroed() };
-        // SAFETY: as above.
-        let mut hdrs: [libc::mmsghdr; MAX] = unsafe { zeroed() };
-        let mut controls = [[0u64; 8]; MAX];
-        for i in 0..n {
-            iovs[i] = libc::iovec {
-                iov_base: bufs[i].as_mut_ptr().cast(),
-                iov_len: bufs[i].len(),
-            };
-            let h = &mut hdrs[i].msg_hdr;
-            h.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
-            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_iov = &mut iovs[i];
-            h.msg_iovlen = 1;
-            h.msg_control = controls[i].as_mut_ptr().cast();
-            h.msg_controllen = size_of::<[u64; 8]>() as _;
+    /// Receives up to a batch's capacity of messages in one call without blocking; returns how
+    /// many arrived (0 when none were waiting). Read them with [`RecvBatch::get`].
+    pub fn recv_batch(&self, batch: &mut RecvBatch) -> io::Result<usize> {
+        let n = batch.hdrs.len();
+        for h in batch.hdrs.iter_mut() {
+            // The kernel shrinks these to what it wrote: give the full room back.
+            h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_hdr.msg_controllen = size_of::<[u64; 8]>() as _;
         }
-        // SAFETY: the first `n` headers point at live, writable names, buffers and controls.
+        // SAFETY: every header points at the batch's own names, iovecs, controls and buffers,
+        // heap allocations that live as long as the batch and do not move with it.
         let got = unsafe {
             libc::recvmmsg(
                 self.fd.as_raw_fd(),
-                hdrs.as_mut_ptr(),
+                batch.hdrs.as_mut_ptr(),
                 n as libc::c_uint,
                 libc::MSG_DONTWAIT,
                 std::ptr::null_mut(),
@@ -345,10 +428,10 @@ impl UdpSocket {
         }
         let got = got as usize;
         for i in 0..got {
-            let h = &hdrs[i].msg_hdr;
+            let h = &batch.hdrs[i].msg_hdr;
             let mut m = RecvMeta {
-                len: hdrs[i].msg_len as usize,
-                src: from_raw(&names[i]),
+                len: batch.hdrs[i].msg_len as usize,
+                src: from_raw(&batch.names[i]),
                 ecn: 0,
                 segment: 0,
             };
@@ -375,7 +458,7 @@ impl UdpSocket {
                     cmsg = libc::CMSG_NXTHDR(h, cmsg);
                 }
             }
-            meta[i] = m;
+            batch.meta[i] = m;
         }
         Ok(got)
     }
@@ -451,14 +534,14 @@ mod tests {
     }
 
     fn recv_all(s: &UdpSocket) -> Vec<(Vec<u8>, RecvMeta)> {
-        let mut bufs = vec![vec![0u8; 65536]; 8];
-        let mut meta = [RecvMeta::default(); 8];
+        let mut batch = RecvBatch::new(8, 65536);
         let mut out = Vec::new();
         for _ in 0..100 {
             let _ = s.wait_readable(50);
-            let n = s.recv_batch(&mut bufs, &mut meta).unwrap();
+            let n = s.recv_batch(&mut batch).unwrap();
             for i in 0..n {
-                out.push((bufs[i][..meta[i].len].to_vec(), meta[i]));
+                let (d, m) = batch.get(i);
+                out.push((d.to_vec(), m));
             }
             if n == 0 && !out.is_empty() {
                 break;

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Host transport benchmarks on loopback, as ratios against baselines measured in the same run:
+#   - `metaroce write-bw` (UDP transport, defaults, -D seconds) against iperf3 (TCP, one stream,
+#     default settings), interleaved round by round;
+#   - `metaroce write-lat` p50 and p99 against a plain UDP ping-pong of the same size
+#     (host-ibverbs/examples/udp_pingpong.rs), both spinning, both reporting half the round trip.
+# Prints one line per round and the median ratios. Needs iperf3 (Debian: iperf3).
+#
+# Usage: scripts/bench-host.sh [ROUNDS] [SECONDS] [LAT_SIZE] [LAT_ITERS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${1:-5}
+SECS=${2:-3}
+SIZE=${3:-2}
+ITERS=${4:-20000}
+command -v iperf3 >/dev/null || { echo "iperf3 is needed (apt-get install iperf3)"; exit 2; }
+cargo build -q --release -p host-ibverbs --bin metaroce --example udp_pingpong
+M=target/release/metaroce
+P=target/release/examples/udp_pingpong
+py() { python3 -c "$1"; }
+bw_tcp=(); bw_mr=(); lat_udp50=(); lat_udp99=(); lat_mr50=(); lat_mr99=()
+for r in $(seq 1 "$ROUNDS"); do
+  iperf3 -s -1 -p 5299 >/dev/null 2>&1 &
+  sleep 0.3
+  t=$(iperf3 -c 127.0.0.1 -p 5299 -t "$SECS" -J | py 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9)')
+  wait
+  $M write-bw -p 18800 >/dev/null 2>&1 &
+  sleep 0.3
+  m=$($M write-bw 127.0.0.1 -p 18800 -D "$SECS" --json 2>/dev/null | py 'import json,sys; print(json.loads(sys.stdin.readline())["bw_avg_gbps"])')
+  wait
+  $P server 18801 &
+  sleep 0.2
+  u=$($P client 127.0.0.1:18801 "$SIZE" "$ITERS")
+  wait
+  $M write-lat -p 18802 >/dev/null 2>&1 &
+  sleep 0.3
+  l=$($M write-lat 127.0.0.1 -p 18802 -s "$SIZE" -n "$ITERS" --json 2>/dev/null)
+  wait
+  u50=$(echo "$u" | py 'import json,sys; print(json.load(sys.stdin)["p50_us"])')
+  u99=$(echo "$u" | py 'import json,sys; print(json.load(sys.stdin)["p99_us"])')
+  l50=$(echo "$l" | py 'import json,sys; print(json.load(sys.stdin)["p50_us"])')
+  l99=$(echo "$l" | py 'import json,sys; print(json.load(sys.stdin)["p99_us"])')
+  printf 'round %d: iperf3 %.2f Gb/s, write-bw %.2f Gb/s (%.2fx); udp ping-pong p50 %.2f p99 %.2f us, write-lat p50 %.2f p99 %.2f us (%.2fx, %.2fx)\n' \
+    "$r" "$t" "$m" "$(py "print($m/$t)")" "$u50" "$u99" "$l50" "$l99" "$(py "print($l50/$u50)")" "$(py "print($l99/$u99)")"
+  bw_tcp+=("$t"); bw_mr+=("$m"); lat_udp50+=("$u50"); lat_udp99+=("$u99"); lat_mr50+=("$l50"); lat_mr99+=("$l99")
+done
+join() { local IFS=,; echo "$*"; }
+py "
+import statistics as s
+t=[$(join "${bw_tcp[@]}")]; m=[$(join "${bw_mr[@]}")]
+u50=[$(join "${lat_udp50[@]}")]; u99=[$(join "${lat_udp99[@]}")]
+l50=[$(join "${lat_mr50[@]}")]; l99=[$(join "${lat_mr99[@]}")]
+print('median write-bw / iperf3: %.2fx (%.2f / %.2f Gb/s)' % (s.median([a/b for a,b in zip(m,t)]), s.median(m), s.median(t)))
+print('median write-lat p50 / udp ping-pong p50: %.2fx (%.2f / %.2f us)' % (s.median([a/b for a,b in zip(l50,u50)]), s.median(l50), s.median(u50)))
+print('median write-lat p99 / udp ping-pong p99: %.2fx (%.2f / %.2f us)' % (s.median([a/b for a,b in zip(l99,u99)]), s.median(l99), s.median(u99)))
+"
