@@ -544,6 +544,18 @@ impl Engine {
         v
     }
 
+    /// What the engine holds: (send sockets, staging buffers, queue pairs, requests in flight,
+    /// regions). None of it grows with what arrives, only with what this end creates and posts.
+    pub fn footprint(&self) -> [usize; 5] {
+        [
+            self.tx.len(),
+            self.stages.len(),
+            self.qps.len(),
+            self.qps.values().map(|q| q.pending.len()).sum(),
+            self.mems.len(),
+        ]
+    }
+
     /// Flushes the capture file.
     pub fn finish_pcap(&mut self) -> std::io::Result<()> {
         if let Some(p) = self.pcap.take() {

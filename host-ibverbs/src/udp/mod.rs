@@ -273,6 +273,12 @@ impl Context {
         self.with(|e| e.snapshot())
     }
 
+    /// What the device holds: send sockets, staging buffers, queue pairs, requests in flight and
+    /// regions. Arrivals never add to it (see the flood test).
+    pub fn footprint(&self) -> [usize; 5] {
+        self.with(|e| e.footprint())
+    }
+
     /// Flushes and closes the capture file, if any.
     pub fn finish_pcap(&self) -> std::io::Result<()> {
         self.with(|e| e.finish_pcap())
