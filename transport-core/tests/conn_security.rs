@@ -491,3 +491,54 @@ fn an_atomic_that_overtakes_an_earlier_one_waits_for_it() {
     assert_eq!(c.len(), 2);
     assert!(c.iter().all(|c| c.status == Status::Success));
 }
+
+/// A refused Read whose NACK is overtaken by an ACK on another path (the ACK moves the window
+/// past the Read) still completes as refused instead of waiting forever for data.
+#[test]
+fn a_refused_read_completes_even_when_an_ack_overtakes_its_nack() {
+    let mut p = Pair::new();
+    p.b.conn
+        .register(Region {
+            key: KEY,
+            base: BASE,
+            len: 0x1000,
+            access: Access::REMOTE_READ.union(Access::REMOTE_WRITE),
+        })
+        .unwrap();
+    let wr = |id, op, stream, va| WorkRequest {
+        id,
+        op,
+        stream,
+        local_addr: BASE + 0x8000,
+        len: 64,
+        remote: RemoteAddr { va, rkey: KEY },
+    };
+    // Out of bounds: refused. Then a good Write on another stream.
+    p.a.conn
+        .post(0, wr(1, WrOp::Read, 0, BASE + 0x1000))
+        .unwrap();
+    p.a.conn.post(0, wr(2, WrOp::Write, 1, BASE)).unwrap();
+    p.transmit();
+    for (to_b, port, bytes) in std::mem::take(&mut p.wire) {
+        assert!(to_b);
+        let _ = p.deliver(to_b, port, &bytes);
+    }
+    p.b.conn.handle_timeout(p.now + 1_000_000);
+    p.transmit();
+    let back = std::mem::take(&mut p.wire);
+    let is_nack = |b: &[u8]| b[0] == Opcode::MrNack.to_u8();
+    assert!(back.iter().any(|w| is_nack(&w.2)), "the Read was refused");
+    // ACKs first, the NACK last.
+    for (to_b, port, bytes) in back.iter().filter(|w| !is_nack(&w.2)) {
+        let _ = p.deliver(*to_b, *port, bytes);
+    }
+    for (to_b, port, bytes) in back.iter().filter(|w| is_nack(&w.2)) {
+        let _ = p.deliver(*to_b, *port, bytes);
+    }
+    p.settle();
+    let c = completions(&p.a.events);
+    let read = c.iter().find(|c| c.id == 1).expect("the Read completed");
+    assert_eq!(read.status, Status::Refused(NackReason::OutOfBounds));
+    let write = c.iter().find(|c| c.id == 2).expect("the Write completed");
+    assert_eq!(write.status, Status::Success);
+}

@@ -20,7 +20,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 use std::time::Duration;
 use transport_core::conn::{atomic_new_value, Connection, Delivery, Event, Region};
-use transport_core::wire::{Ecn, EtherType, EthernetRepr, Ipv4Repr, Ipv6Repr, MacAddr, UdpRepr};
+use transport_core::wire::{
+    Ecn, EtherType, EthernetRepr, Ipv4Repr, Ipv6Repr, MacAddr, Opcode, UdpRepr,
+};
 
 /// Paths per connection at most.
 pub const MAX_PATHS: usize = 64;
@@ -72,13 +74,25 @@ pub(crate) struct QpState {
     pub path_events: u64,
 }
 
+/// Datagrams waiting to leave from one source port to one destination: one buffer, cut into
+/// messages of one `sendmmsg` call, each a single datagram or a GSO run of equal segments (the
+/// last may be shorter).
 struct Stage {
     buf: Vec<u8>,
-    segment: usize,
-    count: usize,
+    msgs: Vec<Run>,
     /// It holds a datagram with payload (sent before those with headers only).
     data: bool,
 }
+
+#[derive(Clone, Copy)]
+struct Run {
+    start: usize,
+    len: usize,
+    segment: usize,
+}
+
+/// Messages per `sendmmsg` call.
+const TX_BATCH: usize = 64;
 
 /// The engine of one device.
 pub(crate) struct Engine {
@@ -388,31 +402,55 @@ impl Engine {
         }
         let key = (src_port, dst);
         let gso = self.gso;
-        let flush_first = match self.stages.get(&key) {
-            Some(s) if s.count > 0 => {
-                !gso || d.len() > s.segment
-                    || s.count >= GSO_MAX_SEGMENTS
-                    || s.buf.len() + d.len() > GSO_MAX_BYTES
-                    || s.buf.len() % s.segment != 0
-            }
-            _ => false,
-        };
-        if flush_first {
+        if d.first() == Some(&Opcode::MrNack.to_u8()) {
+            // A refusal must not fall behind the acknowledgements staged after it on other
+            // paths (one could move the peer's window past the refused request): it leaves now,
+            // after what its own path already holds.
             self.flush_one(key);
+            self.stages.entry(key).or_insert_with(|| Stage {
+                buf: Vec::with_capacity(GSO_MAX_BYTES),
+                msgs: Vec::with_capacity(TX_BATCH),
+                data: false,
+            });
+            self.open_tx_socket(src_port, dst);
+            let sock = self.tx[&src_port].as_ref().unwrap_or(&self.rx);
+            self.counters.tx_syscalls += 1;
+            if sock.send(&dst, d, 0).is_err() {
+                self.counters.tx_errors += 1;
+            }
+            return;
         }
         let s = self.stages.entry(key).or_insert_with(|| Stage {
             buf: Vec::with_capacity(GSO_MAX_BYTES),
-            segment: 0,
-            count: 0,
+            msgs: Vec::with_capacity(TX_BATCH),
             data: false,
         });
-        if s.count == 0 {
-            s.segment = d.len();
+        if s.msgs.is_empty() {
             s.data = false;
         }
         s.data |= data;
+        let start = s.buf.len();
         s.buf.extend_from_slice(d);
-        s.count += 1;
+        let extend = s.msgs.last().is_some_and(|r| {
+            gso && d.len() <= r.segment
+                && r.len % r.segment == 0
+                && r.len / r.segment < GSO_MAX_SEGMENTS
+                && r.len + d.len() <= GSO_MAX_BYTES
+        });
+        if extend {
+            if let Some(r) = s.msgs.last_mut() {
+                r.len += d.len();
+            }
+        } else {
+            s.msgs.push(Run {
+                start,
+                len: d.len(),
+                segment: d.len(),
+            });
+        }
+        if s.msgs.len() >= TX_BATCH {
+            self.flush_one(key);
+        }
     }
 
     fn flush(&mut self) {
@@ -420,7 +458,7 @@ impl Engine {
         let mut keys: Vec<(bool, (u16, SocketAddr))> = self
             .stages
             .iter()
-            .filter(|(_, s)| s.count > 0)
+            .filter(|(_, s)| !s.msgs.is_empty())
             .map(|(k, s)| (!s.data, *k))
             .collect();
         keys.sort_unstable_by_key(|(control, _)| *control);
@@ -429,11 +467,9 @@ impl Engine {
         }
     }
 
-    fn flush_one(&mut self, key: (u16, SocketAddr)) {
-        let Some(mut s) = self.stages.remove(&key) else {
-            return;
-        };
-        let (src_port, dst) = key;
+    /// The socket of source port `src_port`, bound (and connected to `dst`) on first use; the
+    /// receive socket when the port cannot be bound.
+    fn open_tx_socket(&mut self, src_port: u16, dst: SocketAddr) {
         if !self.tx.contains_key(&src_port) {
             let addr = SocketAddr::new(self.local_ip, src_port);
             let sock = UdpSocket::bind(
@@ -454,36 +490,56 @@ impl Engine {
             }
             self.tx.insert(src_port, sock);
         }
+    }
+
+    fn flush_one(&mut self, key: (u16, SocketAddr)) {
+        let Some(mut s) = self.stages.remove(&key) else {
+            return;
+        };
+        let (src_port, dst) = key;
+        self.open_tx_socket(src_port, dst);
         let sock = self.tx[&src_port].as_ref().unwrap_or(&self.rx);
-        let segment = if s.count > 1 { s.segment } else { 0 };
-        self.counters.tx_syscalls += 1;
-        match sock.send(&dst, &s.buf, segment) {
-            Ok(_) => {
-                if s.count > 1 {
-                    self.counters.tx_gso_batches += 1;
+        let mut msgs: Vec<(&[u8], usize)> = s
+            .msgs
+            .iter()
+            .map(|r| (&s.buf[r.start..r.start + r.len], r.segment))
+            .collect();
+        while !msgs.is_empty() {
+            self.counters.tx_syscalls += 1;
+            match sock.send_many(&dst, &msgs) {
+                Ok(0) => break,
+                Ok(n) => {
+                    self.counters.tx_gso_batches +=
+                        msgs[..n].iter().filter(|(b, seg)| b.len() > *seg).count() as u64;
+                    msgs.drain(..n);
                 }
-            }
-            Err(e)
-                if segment > 0
-                    && matches!(
-                        e.raw_os_error(),
-                        Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT)
-                    ) =>
-            {
-                // The route cannot segment: send them one by one from now on.
-                self.gso = false;
-                self.counters.tx_gso_disabled += 1;
-                for d in s.buf.chunks(s.segment) {
-                    self.counters.tx_syscalls += 1;
-                    if sock.send(&dst, d, 0).is_err() {
-                        self.counters.tx_errors += 1;
+                Err(e)
+                    if msgs[0].0.len() > msgs[0].1
+                        && matches!(
+                            e.raw_os_error(),
+                            Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT)
+                        ) =>
+                {
+                    // The route cannot segment: datagrams one by one from now on.
+                    self.gso = false;
+                    self.counters.tx_gso_disabled += 1;
+                    let (bytes, seg) = msgs.remove(0);
+                    for d in bytes.chunks(seg) {
+                        self.counters.tx_syscalls += 1;
+                        if sock.send(&dst, d, 0).is_err() {
+                            self.counters.tx_errors += 1;
+                        }
                     }
                 }
+                Err(_) => {
+                    // Buffer full or unreachable: these are lost; the connection repairs them.
+                    let (bytes, seg) = msgs.remove(0);
+                    self.counters.tx_errors += bytes.len().div_ceil(seg.max(1)) as u64;
+                }
             }
-            Err(_) => self.counters.tx_errors += s.count as u64,
         }
         s.buf.clear();
-        s.count = 0;
+        s.msgs.clear();
         self.stages.insert(key, s);
     }
 

@@ -399,6 +399,61 @@ impl UdpSocket {
         }
     }
 
+    /// Sends several messages to `dst` in one call (`sendmmsg`): each is `(bytes, segment)`,
+    /// sent as one datagram, or with `segment` > 0 as datagrams of `segment` bytes (UDP GSO).
+    /// Returns how many messages the kernel took (it may take fewer than given).
+    pub fn send_many(&self, dst: &SocketAddr, msgs: &[(&[u8], usize)]) -> io::Result<usize> {
+        const MAX: usize = 64;
+        let n = msgs.len().min(MAX);
+        if n == 0 {
+            return Ok(0);
+        }
+        let (mut storage, len) = to_raw(dst);
+        let named = self.peer != Some(*dst);
+        // SAFETY: all-zero is valid for these plain C structures.
+        let mut iovs: [libc::iovec; MAX] = unsafe { zeroed() };
+        // SAFETY: as above.
+        let mut hdrs: [libc::mmsghdr; MAX] = unsafe { zeroed() };
+        let mut controls = [[0u64; 4]; MAX];
+        // SAFETY: CMSG_SPACE is a pure computation.
+        let space = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
+        assert!(space <= size_of::<[u64; 4]>());
+        for i in 0..n {
+            let (bytes, segment) = msgs[i];
+            iovs[i] = libc::iovec {
+                iov_base: bytes.as_ptr() as *mut libc::c_void,
+                iov_len: bytes.len(),
+            };
+            let h = &mut hdrs[i].msg_hdr;
+            if named {
+                h.msg_name = (&mut storage as *mut libc::sockaddr_storage).cast();
+                h.msg_namelen = len;
+            }
+            h.msg_iov = &mut iovs[i];
+            h.msg_iovlen = 1;
+            if segment > 0 && bytes.len() > segment {
+                let seg = u16::try_from(segment).map_err(io::Error::other)?;
+                h.msg_control = controls[i].as_mut_ptr().cast();
+                h.msg_controllen = space as _;
+                // SAFETY: msg_control points at this message's own control buffer, large
+                // enough for one cmsg of a u16 (asserted above).
+                unsafe {
+                    let cmsg = libc::CMSG_FIRSTHDR(h);
+                    (*cmsg).cmsg_level = SOL_UDP;
+                    (*cmsg).cmsg_type = UDP_SEGMENT;
+                    (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
+                    libc::CMSG_DATA(cmsg).cast::<u16>().write_unaligned(seg);
+                }
+            }
+        }
+        // SAFETY: the first `n` headers describe live buffers for the duration of the call.
+        let sent = unsafe { libc::sendmmsg(self.fd.as_raw_fd(), hdrs.as_mut_ptr(), n as _, 0) };
+        if sent < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(sent as usize)
+    }
+
     /// Receives up to a batch's capacity of messages in one call without blocking; returns how
     /// many arrived (0 when none were waiting). Read them with [`RecvBatch::get`].
     pub fn recv_batch(&self, batch: &mut RecvBatch) -> io::Result<usize> {
@@ -588,6 +643,28 @@ mod tests {
         assert_eq!(lens, [1000, 1000, 1000, 10]);
         let joined: Vec<u8> = got.into_iter().flat_map(|g| g.0).collect();
         assert_eq!(joined, buf);
+    }
+
+    #[test]
+    fn send_many_mixes_single_datagrams_and_gso_batches() {
+        let a = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &opts()).unwrap();
+        let mut o = opts();
+        o.gro = false;
+        let b = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &o).unwrap();
+        let big: Vec<u8> = (0..2500u32).map(|i| i as u8).collect();
+        let msgs: [(&[u8], usize); 3] = [(b"one", 0), (&big, 1000), (b"three", 0)];
+        assert_eq!(a.send_many(&b.local_addr(), &msgs).unwrap(), 3);
+        let got: Vec<Vec<u8>> = recv_all(&b).into_iter().map(|g| g.0).collect();
+        assert_eq!(
+            got,
+            [
+                b"one".to_vec(),
+                big[..1000].to_vec(),
+                big[1000..2000].to_vec(),
+                big[2000..].to_vec(),
+                b"three".to_vec()
+            ]
+        );
     }
 
     #[test]

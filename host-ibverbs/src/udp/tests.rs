@@ -43,9 +43,13 @@ fn pump(
     }
     assert!(
         wa.len() >= want && wb.len() >= b_want,
-        "timed out: {} {}",
+        "timed out: {} {}\n{:?}\n{:?}\n{:?}\n{:?}",
         wa.len(),
-        wb.len()
+        wb.len(),
+        a.ctx.counters(),
+        b.ctx.counters(),
+        a.ctx.snapshot().first().map(|s| s.counters),
+        b.ctx.snapshot().first().map(|s| s.counters)
     );
     (wa, wb)
 }

@@ -1221,6 +1221,22 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     fn on_nack(&mut self, now: Instant, psn: Psn, nack: &MrNackRepr) {
         self.counters.nacks_received += 1;
         if !self.in_tx_window(psn) {
+            // An ACK on another path overtook this NACK and moved the window past the request.
+            // A Read or atomic is still waiting for its response: find it by stream and MSN.
+            let waiting = self.msgs.iter_mut().flatten().find(|m| {
+                !m.done
+                    && matches!(m.kind, MsgKind::Read | MsgKind::Atomic)
+                    && m.stream == nack.stream_id
+                    && m.msn == nack.msn
+            });
+            if let Some(m) = waiting {
+                if nack.reason != NackReason::ReceiverNotReady {
+                    m.done = true;
+                    m.status = Status::Refused(nack.reason);
+                    m.next_pkt = m.npkts;
+                    self.complete_in_order();
+                }
+            }
             return;
         }
         let idx = psn.get() as usize % W;
