@@ -9,8 +9,17 @@ mod common;
 use common::{assert_success, pair, server_counter, server_device_counter};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 static NEXT: AtomicU32 = AtomicU32::new(1);
+
+/// One test at a time: each runs two processes that spin on the machine's cores, and the loss
+/// test counts retransmissions, which a starved process would inflate with spurious timeouts.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn sh(args: &[&str]) {
     let out = Command::new(args[0])
@@ -130,6 +139,7 @@ const MIB: u64 = 1 << 20;
 #[test]
 #[ignore = "needs root for network namespaces; scripts/test.sh runs it"]
 fn sixty_four_mib_across_two_namespaces() {
+    let _one_at_a_time = serial();
     let h = Hosts::new();
     for test in ["write-bw", "send-bw", "read-bw"] {
         let p = h.run(
@@ -150,6 +160,7 @@ fn sixty_four_mib_across_two_namespaces() {
 #[test]
 #[ignore = "needs root for network namespaces; scripts/test.sh runs it"]
 fn real_loss_of_1_5_and_10_percent_every_byte_once() {
+    let _one_at_a_time = serial();
     for per_mille in [10, 50, 100] {
         let h = Hosts::new();
         h.loss(per_mille);
@@ -185,6 +196,7 @@ fn real_loss_of_1_5_and_10_percent_every_byte_once() {
 #[test]
 #[ignore = "needs root for network namespaces; scripts/test.sh runs it"]
 fn ecn_marks_set_in_the_kernel_reach_both_ends() {
+    let _one_at_a_time = serial();
     let h = Hosts::new();
     h.nft(
         &h.b,
@@ -219,6 +231,7 @@ fn ecn_marks_set_in_the_kernel_reach_both_ends() {
 #[test]
 #[ignore = "needs root for network namespaces; scripts/test.sh runs it"]
 fn a_tbf_bottleneck_drops_packets_and_every_byte_still_arrives() {
+    let _one_at_a_time = serial();
     let h = Hosts::new();
     sh(&[
         "ip", "netns", "exec", &h.a, "tc", "qdisc", "add", "dev", &h.dev_a, "root", "tbf", "rate",

@@ -219,6 +219,7 @@ impl Report {
                 "verified": r.verified,
                 "seconds": r.seconds,
                 "retransmits": r.retransmits,
+                "rnr_retries": r.rnr_retries,
                 "ecn_marks_echoed": r.ecn_marks_echoed,
                 "paths_used": r.paths_used,
             }),

@@ -30,8 +30,11 @@ pub struct BwResult {
     /// Whether every byte was verified equal (by the server for Writes and Sends, by the
     /// client for Reads).
     pub verified: bool,
-    /// Packets sent again, all connections.
+    /// Packets sent again to repair a loss (or a spurious timeout), all connections.
     pub retransmits: u64,
+    /// Packets sent again because the peer had no receive buffer ready (not losses), all
+    /// connections.
+    pub rnr_retries: u64,
     /// Congestion Experienced marks the peer reported back, all connections.
     pub ecn_marks_echoed: u64,
     /// Paths that carried packets, on the connection that used the fewest.
@@ -210,6 +213,7 @@ pub(super) fn client_phase(
     };
     let before = sum(|c| c.retransmitted);
     let ecn_before = sum(|c| c.ecn_marks_echoed);
+    let rnr_before = sum(|c| c.rnr_retries);
     let report = if cfg.test.is_latency() {
         Report::Lat(client_lat(
             cfg,
@@ -233,7 +237,9 @@ pub(super) fn client_phase(
             slots,
             &mut publisher,
         )?;
-        r.retransmits = sum(|c| c.retransmitted) - before;
+        let rnr = sum(|c| c.rnr_retries) - rnr_before;
+        r.retransmits = sum(|c| c.retransmitted) - before - rnr;
+        r.rnr_retries = rnr;
         r.ecn_marks_echoed = sum(|c| c.ecn_marks_echoed) - ecn_before;
         r.paths_used = ep
             .ctx
@@ -413,6 +419,7 @@ fn client_bw(
             msg_rate_mpps: iterations as f64 / secs / 1e6,
             verified: false,
             retransmits: 0,
+            rnr_retries: 0,
             ecn_marks_echoed: 0,
             paths_used: 0,
         },
