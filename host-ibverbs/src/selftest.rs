@@ -585,7 +585,7 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
         eprintln!("B {:?}", b.conn.counters());
     }
     // Packets sent again after a receiver-not-ready NACK are not loss repairs.
-    let retx = |c: &transport_core::conn::Counters| c.retransmitted - c.rnr_retries;
+    let retx = |c: &transport_core::conn::Counters| c.retransmitted.saturating_sub(c.rnr_retries);
     report.retransmissions = retx(a.conn.counters()) + retx(b.conn.counters());
     report.retransmits_per_loss = if report.data_packets_lost == 0 {
         0.0

@@ -238,7 +238,7 @@ pub(super) fn client_phase(
             &mut publisher,
         )?;
         let rnr = sum(|c| c.rnr_retries) - rnr_before;
-        r.retransmits = sum(|c| c.retransmitted) - before - rnr;
+        r.retransmits = (sum(|c| c.retransmitted) - before).saturating_sub(rnr);
         r.rnr_retries = rnr;
         r.ecn_marks_echoed = sum(|c| c.ecn_marks_echoed) - ecn_before;
         r.paths_used = ep

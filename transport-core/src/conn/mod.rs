@@ -42,6 +42,8 @@ use core::net::IpAddr;
 const PATH_RING: usize = SACK_BITS;
 /// An empty slot in a path ring.
 const NO_PSN: u32 = u32::MAX;
+/// The path of a packet whose last transmission no longer counts (refused receiver-not-ready).
+const NO_PATH: u8 = u8::MAX;
 /// Pending NACKs at most.
 const NACK_QUEUE: usize = 16;
 
@@ -940,6 +942,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             let path = self.pick_path(avoid)?;
             self.retx_head = self.retx_head.wrapping_add(1);
             self.pkts[psn.get() as usize % W].queued = false;
+            if self.pkts[psn.get() as usize % W].path == NO_PATH {
+                // Sent again after a receiver-not-ready NACK, not after a loss.
+                self.counters.rnr_retries += 1;
+            }
             self.counters.retransmitted += 1;
             self.paths[path].stats.retransmitted += 1;
             return self.send_packet(now, buf, psn, path, true);
@@ -1242,10 +1248,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let idx = psn.get() as usize % W;
         let msg_no = self.pkts[idx].msg;
         if nack.reason == NackReason::ReceiverNotReady {
-            self.counters.rnr_retries += 1;
             self.pkts[idx].acked = false;
             // Forget which transmission this was, so that its ACK cannot mark it delivered.
-            self.pkts[idx].path = u8::MAX;
+            self.pkts[idx].path = NO_PATH;
             let wake = now + self.cfg.rnr_delay;
             self.queue_retx(psn, wake);
             self.retx_wake = Some(self.retx_wake.map_or(wake, |w| w.min(wake)));

@@ -240,8 +240,9 @@ pub struct Counters {
     pub data_sent: u64,
     /// Data packets sent again (after a loss, or after a receiver-not-ready NACK).
     pub retransmitted: u64,
-    /// Packets queued again because the peer was not ready (a receiver-not-ready NACK: no
+    /// Packets sent again because the peer was not ready (a receiver-not-ready NACK: no
     /// receive buffer, a full queue, or an atomic that overtook earlier packets); not losses.
+    /// Included in `retransmitted`.
     pub rnr_retries: u64,
     /// Data packets acknowledged.
     pub acked: u64,
