@@ -661,17 +661,13 @@ pub(super) fn server_phase(
                     let n = received[i];
                     received[i] += 1;
                     let slot = (n % slots as u64) as usize;
+                    // Answer first (the ping's round trip is being timed), then check it:
+                    // nothing is written to memory before the next poll.
                     let (op, remote) = if cfg.test == Test::WriteLat {
-                        ok &= wc.imm == Some(n as u32)
-                            && matches(&bufs.dst[i], slot * size, &mut tmp, seed, i, slot);
                         (WrOp::WriteWithImm(n as u32), client_dst[i].at(slot * size))
                     } else {
-                        ok &= wc.byte_len as usize == size
-                            && matches(&rbufs[i], b * size, &mut tmp, seed, i, slot);
                         (WrOp::Send, RemoteAddr::default())
                     };
-                    checked += size as u64;
-                    ep.qps[i].post_recv(wc.wr_id, 0, rbufs[i].sge(b * size, size))?;
                     ep.qps[i].post_send(&SendWr {
                         wr_id: wr_id(i, 1 << 40 | n),
                         op,
@@ -679,6 +675,15 @@ pub(super) fn server_phase(
                         local: bufs.src[i].sge(slot * size, size),
                         remote,
                     })?;
+                    ok &= if cfg.test == Test::WriteLat {
+                        wc.imm == Some(n as u32)
+                            && matches(&bufs.dst[i], slot * size, &mut tmp, seed, i, slot)
+                    } else {
+                        wc.byte_len as usize == size
+                            && matches(&rbufs[i], b * size, &mut tmp, seed, i, slot)
+                    };
+                    checked += size as u64;
+                    ep.qps[i].post_recv(wc.wr_id, 0, rbufs[i].sge(b * size, size))?;
                 }
                 _ => {}
             }

@@ -30,7 +30,6 @@ use engine::{CqShared, Engine, MemEntry, Pending, QpState};
 use socket::{SocketOptions, UdpSocket};
 use std::alloc::Layout;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::io::BufWriter;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -424,7 +423,7 @@ impl ProtectionDomain {
                     cq: cq.shared.clone(),
                     conn: None,
                     peer: None,
-                    pending: HashMap::new(),
+                    pending: engine::HashMap::default(),
                     path_events: 0,
                 },
             )

@@ -4,7 +4,7 @@
 //! busy polling.
 
 use std::io;
-use std::mem::{size_of, zeroed};
+use std::mem::{size_of, zeroed, MaybeUninit};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
@@ -116,6 +116,18 @@ pub struct UdpSocket {
     v6: bool,
     gro: bool,
     peer: Option<SocketAddr>,
+}
+
+/// One message of a [`UdpSocket::send_many`] call: `len` bytes from `start` of the buffer, cut
+/// into datagrams of `segment` bytes when longer (UDP GSO).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendRun {
+    /// Where it starts in the buffer.
+    pub start: usize,
+    /// Bytes.
+    pub len: usize,
+    /// Datagram size (the last may be shorter).
+    pub segment: usize,
 }
 
 /// What one received message held.
@@ -399,46 +411,58 @@ impl UdpSocket {
         }
     }
 
-    /// Sends several messages to `dst` in one call (`sendmmsg`): each is `(bytes, segment)`,
-    /// sent as one datagram, or with `segment` > 0 as datagrams of `segment` bytes (UDP GSO).
-    /// Returns how many messages the kernel took (it may take fewer than given).
-    pub fn send_many(&self, dst: &SocketAddr, msgs: &[(&[u8], usize)]) -> io::Result<usize> {
+    /// Sends several messages to `dst` in one call (`sendmmsg`): each run of `buf` is one
+    /// datagram, or, when longer than its segment, datagrams of `segment` bytes (UDP GSO).
+    /// Returns how many runs the kernel took (it may take fewer than given).
+    pub fn send_many(&self, dst: &SocketAddr, buf: &[u8], runs: &[SendRun]) -> io::Result<usize> {
         const MAX: usize = 64;
-        let n = msgs.len().min(MAX);
+        let n = runs.len().min(MAX);
         if n == 0 {
             return Ok(0);
         }
+        if runs[..n]
+            .iter()
+            .any(|r| r.start.checked_add(r.len).is_none_or(|e| e > buf.len()))
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "run outside the buffer",
+            ));
+        }
         let (mut storage, len) = to_raw(dst);
         let named = self.peer != Some(*dst);
-        // SAFETY: all-zero is valid for these plain C structures.
-        let mut iovs: [libc::iovec; MAX] = unsafe { zeroed() };
-        // SAFETY: as above.
-        let mut hdrs: [libc::mmsghdr; MAX] = unsafe { zeroed() };
-        let mut controls = [[0u64; 4]; MAX];
         // SAFETY: CMSG_SPACE is a pure computation.
         let space = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
         assert!(space <= size_of::<[u64; 4]>());
+        // Only the first `n` entries are initialised and passed to the kernel (no memset of
+        // the whole arrays on every send).
+        let mut iovs = [const { MaybeUninit::<libc::iovec>::uninit() }; MAX];
+        let mut hdrs = [const { MaybeUninit::<libc::mmsghdr>::uninit() }; MAX];
+        let mut controls = [const { MaybeUninit::<[u64; 4]>::uninit() }; MAX];
         for i in 0..n {
-            let (bytes, segment) = msgs[i];
-            iovs[i] = libc::iovec {
-                iov_base: bytes.as_ptr() as *mut libc::c_void,
-                iov_len: bytes.len(),
-            };
-            let h = &mut hdrs[i].msg_hdr;
+            let r = runs[i];
+            let iov = iovs[i].write(libc::iovec {
+                // The kernel only reads through it; the cast to *mut is what the C type wants.
+                iov_base: buf[r.start..].as_ptr() as *mut libc::c_void,
+                iov_len: r.len,
+            });
+            // SAFETY: all-zero is a valid mmsghdr.
+            let h = hdrs[i].write(unsafe { zeroed() });
             if named {
-                h.msg_name = (&mut storage as *mut libc::sockaddr_storage).cast();
-                h.msg_namelen = len;
+                h.msg_hdr.msg_name = (&mut storage as *mut libc::sockaddr_storage).cast();
+                h.msg_hdr.msg_namelen = len;
             }
-            h.msg_iov = &mut iovs[i];
-            h.msg_iovlen = 1;
-            if segment > 0 && bytes.len() > segment {
-                let seg = u16::try_from(segment).map_err(io::Error::other)?;
-                h.msg_control = controls[i].as_mut_ptr().cast();
-                h.msg_controllen = space as _;
-                // SAFETY: msg_control points at this message's own control buffer, large
+            h.msg_hdr.msg_iov = iov;
+            h.msg_hdr.msg_iovlen = 1;
+            if r.segment > 0 && r.len > r.segment {
+                let seg = u16::try_from(r.segment).map_err(io::Error::other)?;
+                let control = controls[i].write([0u64; 4]);
+                h.msg_hdr.msg_control = control.as_mut_ptr().cast();
+                h.msg_hdr.msg_controllen = space as _;
+                // SAFETY: msg_control points at this message's own zeroed control buffer, large
                 // enough for one cmsg of a u16 (asserted above).
                 unsafe {
-                    let cmsg = libc::CMSG_FIRSTHDR(h);
+                    let cmsg = libc::CMSG_FIRSTHDR(&h.msg_hdr);
                     (*cmsg).cmsg_level = SOL_UDP;
                     (*cmsg).cmsg_type = UDP_SEGMENT;
                     (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
@@ -446,8 +470,16 @@ impl UdpSocket {
                 }
             }
         }
-        // SAFETY: the first `n` headers describe live buffers for the duration of the call.
-        let sent = unsafe { libc::sendmmsg(self.fd.as_raw_fd(), hdrs.as_mut_ptr(), n as _, 0) };
+        // SAFETY: the first `n` headers are initialised above and describe live buffers for
+        // the duration of the call; MaybeUninit<T> has T's layout.
+        let sent = unsafe {
+            libc::sendmmsg(
+                self.fd.as_raw_fd(),
+                hdrs.as_mut_ptr().cast::<libc::mmsghdr>(),
+                n as _,
+                0,
+            )
+        };
         if sent < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -652,8 +684,19 @@ mod tests {
         o.gro = false;
         let b = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &o).unwrap();
         let big: Vec<u8> = (0..2500u32).map(|i| i as u8).collect();
-        let msgs: [(&[u8], usize); 3] = [(b"one", 0), (&big, 1000), (b"three", 0)];
-        assert_eq!(a.send_many(&b.local_addr(), &msgs).unwrap(), 3);
+        let mut buf = b"one".to_vec();
+        buf.extend_from_slice(&big);
+        buf.extend_from_slice(b"three");
+        let run = |start, len, segment| SendRun {
+            start,
+            len,
+            segment,
+        };
+        let runs = [run(0, 3, 3), run(3, 2500, 1000), run(2503, 5, 5)];
+        assert_eq!(a.send_many(&b.local_addr(), &buf, &runs).unwrap(), 3);
+        assert!(a
+            .send_many(&b.local_addr(), &buf, &[run(2503, 6, 6)])
+            .is_err());
         let got: Vec<Vec<u8>> = recv_all(&b).into_iter().map(|g| g.0).collect();
         assert_eq!(
             got,
