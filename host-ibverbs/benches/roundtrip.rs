@@ -3,6 +3,8 @@
 //! way through the UDP transport, against the same two bytes each way through plain UDP sockets
 //! measured in the same run.
 
+#![allow(missing_docs)] // criterion_group! generates undocumented items
+
 use criterion::{criterion_group, criterion_main, Criterion};
 use host_ibverbs::udp::{
     Access, CompletionKind, CompletionQueue, Context, DeviceConfig, MemoryRegion, QpAttr,
