@@ -264,3 +264,27 @@ fn a_tbf_bottleneck_drops_packets_and_every_byte_still_arrives() {
         "every queue drop was repaired"
     );
 }
+
+#[test]
+#[ignore = "needs root for network namespaces; scripts/test.sh runs it"]
+fn an_unreachable_server_is_named() {
+    let _one_at_a_time = serial();
+    let h = Hosts::new();
+    // Namespace a has no route to 10.99.0.1.
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &h.a,
+            common::bin(),
+            "write-bw",
+            "10.99.0.1",
+            "-p",
+            "18515",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("10.99.0.1:18515 is unreachable"), "{err}");
+}

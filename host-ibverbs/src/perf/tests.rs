@@ -62,6 +62,18 @@ fn every_latency_test_answers_and_verifies() {
 }
 
 #[test]
+fn busy_polling_ends_move_the_same_bytes() {
+    let mut cfg = PerfConfig::new(Test::SendBw);
+    cfg.size = 5000;
+    cfg.iters = 200;
+    cfg.busy_poll = true;
+    let (reports, served) = run_pair(cfg);
+    let Report::Bw(r) = &reports[0] else { panic!() };
+    assert!(r.verified && served.verified);
+    assert_eq!(served.bytes_checked, 200 * 5000);
+}
+
+#[test]
 fn all_sizes_runs_a_phase_per_size() {
     let mut cfg = PerfConfig::new(Test::WriteBw);
     cfg.all_sizes = true;
