@@ -214,29 +214,18 @@ pub(super) fn client_phase(
     let before = sum(|c| c.retransmitted);
     let ecn_before = sum(|c| c.ecn_marks_echoed);
     let rnr_before = sum(|c| c.rnr_retries);
+    let ph = Phase {
+        bufs: &bufs,
+        peer_dst: &peer_dst,
+        peer_src: &peer_src,
+        size,
+        slots,
+        seed,
+    };
     let report = if cfg.test.is_latency() {
-        Report::Lat(client_lat(
-            cfg,
-            ep,
-            &bufs,
-            &peer_dst,
-            &peer_src,
-            size,
-            slots,
-            seed,
-            &mut publisher,
-        )?)
+        Report::Lat(client_lat(cfg, ep, &ph, &mut publisher)?)
     } else {
-        let (mut r, counts) = client_bw(
-            cfg,
-            ep,
-            &bufs,
-            &peer_dst,
-            &peer_src,
-            size,
-            slots,
-            &mut publisher,
-        )?;
+        let (mut r, counts) = client_bw(cfg, ep, &ph, &mut publisher)?;
         let rnr = sum(|c| c.rnr_retries) - rnr_before;
         r.retransmits = (sum(|c| c.retransmitted) - before).saturating_sub(rnr);
         r.rnr_retries = rnr;
@@ -290,17 +279,31 @@ pub(super) fn client_phase(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What a client phase works with: its buffers, the server's, the message size, the slots and
+/// the pattern seed.
+struct Phase<'a> {
+    bufs: &'a Buffers,
+    peer_dst: &'a [RemoteBuf],
+    peer_src: &'a [RemoteBuf],
+    size: usize,
+    slots: usize,
+    seed: u64,
+}
+
 fn client_bw(
     cfg: &PerfConfig,
     ep: &Endpoint,
-    bufs: &Buffers,
-    peer_dst: &[RemoteBuf],
-    peer_src: &[RemoteBuf],
-    size: usize,
-    slots: usize,
+    ph: &Phase<'_>,
     publisher: &mut Publisher,
 ) -> Result<(BwResult, Vec<u64>), PerfError> {
+    let Phase {
+        bufs,
+        peer_dst,
+        peer_src,
+        size,
+        slots,
+        ..
+    } = *ph;
     let q = ep.qps.len();
     let mut posted = vec![0u64; q];
     let mut done = vec![0u64; q];
@@ -430,18 +433,20 @@ fn client_bw(
 /// Receive buffers per connection for latency tests.
 const LAT_RECVS: usize = 16;
 
-#[allow(clippy::too_many_arguments)]
 fn client_lat(
     cfg: &PerfConfig,
     ep: &Endpoint,
-    bufs: &Buffers,
-    peer_dst: &[RemoteBuf],
-    peer_src: &[RemoteBuf],
-    size: usize,
-    slots: usize,
-    seed: u64,
+    ph: &Phase<'_>,
     publisher: &mut Publisher,
 ) -> Result<LatResult, PerfError> {
+    let Phase {
+        bufs,
+        peer_dst,
+        peer_src,
+        size,
+        slots,
+        seed,
+    } = *ph;
     let rbuf = ep.pd.reg_mr(LAT_RECVS * size.max(1), ALL_ACCESS)?;
     let qp = &ep.qps[0];
     let uses_recv = matches!(cfg.test, Test::WriteLat | Test::SendLat);

@@ -733,20 +733,8 @@ impl QueuePair {
                 ErrorKind::Post(transport_core::conn::PostError::BadLength),
             )
         })?;
-        let keep: engine::Keepalive = wr.local.mr.inner.clone();
-        let qpn = self.inner.qpn;
         let local_addr = wr.local.mr.addr() + wr.local.offset as u64;
-        self.inner.pd.ctx.with(|e| {
-            let now = e.now();
-            let id = e.next_internal;
-            let qp = e
-                .qps
-                .get_mut(&qpn)
-                .ok_or(Error::new(OP, ErrorKind::NoSuchQp(qpn)))?;
-            let conn = qp
-                .conn
-                .as_mut()
-                .ok_or(Error::new(OP, ErrorKind::NotConnected))?;
+        self.post(OP, wr.wr_id, wr.local.mr, |conn, id, now| {
             conn.post(
                 now,
                 WorkRequest {
@@ -758,16 +746,6 @@ impl QueuePair {
                     remote: wr.remote,
                 },
             )
-            .map_err(|p| Error::new(OP, ErrorKind::Post(p)))?;
-            qp.pending.insert(
-                id,
-                Pending {
-                    user_id: wr.wr_id,
-                    keep,
-                },
-            );
-            e.next_internal += 1;
-            Ok(())
         })
     }
 
@@ -781,33 +759,41 @@ impl QueuePair {
                 ErrorKind::Post(transport_core::conn::PostError::BadLength),
             )
         })?;
-        let keep: engine::Keepalive = local.mr.inner.clone();
-        let qpn = self.inner.qpn;
         let addr = local.mr.addr() + local.offset as u64;
-        self.inner.pd.ctx.with(|e| {
-            let id = e.next_internal;
-            let qp = e
-                .qps
-                .get_mut(&qpn)
-                .ok_or(Error::new(OP, ErrorKind::NoSuchQp(qpn)))?;
-            let conn = qp
-                .conn
-                .as_mut()
-                .ok_or(Error::new(OP, ErrorKind::NotConnected))?;
+        self.post(OP, wr_id, local.mr, |conn, id, _| {
             conn.post_recv(RecvRequest {
                 id,
                 stream,
                 addr,
                 len,
             })
-            .map_err(|p| Error::new(OP, ErrorKind::Post(p)))?;
-            qp.pending.insert(
-                id,
-                Pending {
-                    user_id: wr_id,
-                    keep,
-                },
-            );
+        })
+    }
+
+    /// Hands a request to the connection under a fresh internal id and remembers the caller's
+    /// id and the region to keep alive until it completes.
+    fn post(
+        &self,
+        op: &'static str,
+        user_id: u64,
+        mr: &MemoryRegion,
+        f: impl FnOnce(&mut engine::Conn, u64, u64) -> Result<(), transport_core::conn::PostError>,
+    ) -> Result<(), Error> {
+        let keep: engine::Keepalive = mr.inner.clone();
+        let qpn = self.inner.qpn;
+        self.inner.pd.ctx.with(|e| {
+            let now = e.now();
+            let id = e.next_internal;
+            let qp = e
+                .qps
+                .get_mut(&qpn)
+                .ok_or(Error::new(op, ErrorKind::NoSuchQp(qpn)))?;
+            let conn = qp
+                .conn
+                .as_mut()
+                .ok_or(Error::new(op, ErrorKind::NotConnected))?;
+            f(conn, id, now).map_err(|p| Error::new(op, ErrorKind::Post(p)))?;
+            qp.pending.insert(id, Pending { user_id, keep });
             e.next_internal += 1;
             Ok(())
         })

@@ -550,25 +550,6 @@ impl UdpSocket {
         Ok(got)
     }
 
-    /// Waits until the socket is readable or `timeout_ms` passes (negative: forever).
-    pub fn wait_readable(&self, timeout_ms: i32) -> io::Result<bool> {
-        let mut pfd = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: `pfd` is one live pollfd.
-        let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
-        if n < 0 {
-            let err = io::Error::last_os_error();
-            if err.kind() == io::ErrorKind::Interrupted {
-                return Ok(false);
-            }
-            return Err(err);
-        }
-        Ok(n > 0)
-    }
-
     /// Waits until the socket is readable or `timeout_ns` passes, with nanosecond resolution
     /// (`ppoll`): the connection's timers are microseconds.
     pub fn wait_readable_ns(&self, timeout_ns: u64) -> io::Result<bool> {
@@ -624,7 +605,7 @@ mod tests {
         let mut batch = RecvBatch::new(8, 65536);
         let mut out = Vec::new();
         for _ in 0..100 {
-            let _ = s.wait_readable(50);
+            let _ = s.wait_readable_ns(50_000_000);
             let n = s.recv_batch(&mut batch).unwrap();
             for i in 0..n {
                 let (d, m) = batch.get(i);
