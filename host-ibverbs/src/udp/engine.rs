@@ -382,46 +382,62 @@ impl Engine {
     /// Asks every connection for what it has to send, fills in payloads from memory, and sends
     /// it, one GSO call per path where consecutive datagrams allow.
     fn transmit(&mut self, now: u64) -> bool {
-        let mut sent = false;
-        let mut scratch = std::mem::take(&mut self.scratch);
         let mut qpns = std::mem::take(&mut self.qpn_list);
         qpns.clear();
         qpns.extend(self.qps.keys().copied());
+        let mut sent = false;
         for &qpn in &qpns {
-            loop {
-                let qp = self.qps.get_mut(&qpn).expect("qp listed above");
-                let (Some(conn), Some(peer)) = (qp.conn.as_mut(), qp.peer) else {
-                    break;
-                };
-                let Some(tx) = conn.poll_transmit(now, &mut scratch) else {
-                    break;
-                };
-                if tx.payload_len > 0 {
-                    let dst = &mut scratch[tx.header_len..tx.header_len + tx.payload_len];
-                    if Self::region_of(&self.mems, tx.payload_addr, tx.payload_len).is_some() {
-                        // SAFETY: the source lies inside a live region (checked); `dst` is
-                        // the engine's own scratch buffer, which cannot overlap region memory.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                tx.payload_addr as *const u8,
-                                dst.as_mut_ptr(),
-                                tx.payload_len,
-                            );
-                        }
-                    } else {
-                        // Cannot happen for buffers checked at post time; send zeros, count it.
-                        dst.fill(0);
-                        self.counters.tx_bad_local += 1;
-                    }
-                }
-                conn.seal(&tx, &mut scratch);
-                sent = true;
-                self.stage(tx.src_port, peer, &scratch[..tx.len], tx.payload_len > 0);
-            }
+            sent |= self.transmit_qp(qpn, now);
         }
-        self.scratch = scratch;
         self.qpn_list = qpns;
         self.flush();
+        sent
+    }
+
+    /// Sends at once what a queue pair can send, right after a post (a doorbell): an answer to
+    /// a ping leaves without waiting for the next round of the loop. When the window is full (a
+    /// bulk transfer) the connection has nothing to give and this costs one check.
+    pub fn kick(&mut self, qpn: u32) {
+        let now = self.now();
+        if self.transmit_qp(qpn, now) {
+            self.flush();
+        }
+    }
+
+    /// Stages everything one queue pair has to send.
+    fn transmit_qp(&mut self, qpn: u32, now: u64) -> bool {
+        let mut sent = false;
+        let mut scratch = std::mem::take(&mut self.scratch);
+        while let Some(qp) = self.qps.get_mut(&qpn) {
+            let (Some(conn), Some(peer)) = (qp.conn.as_mut(), qp.peer) else {
+                break;
+            };
+            let Some(tx) = conn.poll_transmit(now, &mut scratch) else {
+                break;
+            };
+            if tx.payload_len > 0 {
+                let dst = &mut scratch[tx.header_len..tx.header_len + tx.payload_len];
+                if Self::region_of(&self.mems, tx.payload_addr, tx.payload_len).is_some() {
+                    // SAFETY: the source lies inside a live region (checked); `dst` is the
+                    // engine's own scratch buffer, which cannot overlap region memory.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            tx.payload_addr as *const u8,
+                            dst.as_mut_ptr(),
+                            tx.payload_len,
+                        );
+                    }
+                } else {
+                    // Cannot happen for buffers checked at post time; send zeros, count it.
+                    dst.fill(0);
+                    self.counters.tx_bad_local += 1;
+                }
+            }
+            conn.seal(&tx, &mut scratch);
+            sent = true;
+            self.stage(tx.src_port, peer, &scratch[..tx.len], tx.payload_len > 0);
+        }
+        self.scratch = scratch;
         sent
     }
 

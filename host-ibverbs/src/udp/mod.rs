@@ -734,7 +734,7 @@ impl QueuePair {
             )
         })?;
         let local_addr = wr.local.mr.addr() + wr.local.offset as u64;
-        self.post(OP, wr.wr_id, wr.local.mr, |conn, id, now| {
+        self.post(OP, wr.wr_id, wr.local.mr, true, |conn, id, now| {
             conn.post(
                 now,
                 WorkRequest {
@@ -760,7 +760,7 @@ impl QueuePair {
             )
         })?;
         let addr = local.mr.addr() + local.offset as u64;
-        self.post(OP, wr_id, local.mr, |conn, id, _| {
+        self.post(OP, wr_id, local.mr, false, |conn, id, _| {
             conn.post_recv(RecvRequest {
                 id,
                 stream,
@@ -777,6 +777,7 @@ impl QueuePair {
         op: &'static str,
         user_id: u64,
         mr: &MemoryRegion,
+        doorbell: bool,
         f: impl FnOnce(&mut engine::Conn, u64, u64) -> Result<(), transport_core::conn::PostError>,
     ) -> Result<(), Error> {
         let keep: engine::Keepalive = mr.inner.clone();
@@ -795,6 +796,9 @@ impl QueuePair {
             f(conn, id, now).map_err(|p| Error::new(op, ErrorKind::Post(p)))?;
             qp.pending.insert(id, Pending { user_id, keep });
             e.next_internal += 1;
+            if doorbell {
+                e.kick(qpn);
+            }
             Ok(())
         })
     }
