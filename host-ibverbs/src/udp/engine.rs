@@ -147,6 +147,10 @@ pub(crate) struct Engine {
     stages: HashMap<(u16, SocketAddr), Stage>,
     /// Reused by `transmit` (no allocation per round).
     qpn_list: Vec<u32>,
+    /// Progress rounds so far.
+    rounds: u64,
+    /// Something arrived or was posted since the last send: the next round sends and completes.
+    pub dirty: bool,
     /// Reused by `flush`.
     flush_keys: Vec<(bool, (u16, SocketAddr))>,
     pub gso: bool,
@@ -181,6 +185,8 @@ impl Engine {
             stages: HashMap::default(),
             qpn_list: Vec::new(),
             flush_keys: Vec::new(),
+            rounds: 0,
+            dirty: true,
             gso,
             busy_poll,
             release: Vec::new(),
@@ -216,19 +222,35 @@ impl Engine {
     /// One round: timers, arrivals, transmissions, completions. Waits up to `wait` for
     /// something to arrive when there is nothing to do. Returns whether anything happened.
     pub fn progress(&mut self, wait: Duration) -> bool {
-        // Send what was posted first (an answer to a ping goes out at once), then read, then
-        // hand completions over; acknowledgements the arrivals call for go out next round.
+        // Send what is waiting first (posts already rang their doorbell), then read, then hand
+        // completions over; acknowledgements the arrivals call for go out next round. A round
+        // in which nothing arrived and no timer fired has nothing to send or complete, so an
+        // idle spin is one timer check and one receive call (with a full round now and then).
         let now = self.now();
-        let mut busy = self.run_timers(now);
-        busy |= self.transmit(now);
+        self.rounds = self.rounds.wrapping_add(1);
+        let fired = self.run_timers(now);
+        let full = fired || self.dirty || self.rounds % 256 == 0;
+        let mut busy = fired;
+        if full {
+            self.dirty = false;
+            busy |= self.transmit(now);
+        }
+        let mut got_any = false;
         for _ in 0..RX_ROUNDS {
             let got = self.receive(now);
-            busy |= got > 0;
+            got_any |= got > 0;
             if got < RX_BATCH {
                 break;
             }
         }
-        busy |= self.drain_events() > 0;
+        if got_any {
+            // Arrivals may call for acknowledgements and open windows: send next round.
+            self.dirty = true;
+            busy = true;
+        }
+        if full || got_any {
+            busy |= self.drain_events() > 0;
+        }
         if !busy && !wait.is_zero() && !self.busy_poll {
             let mut timeout = wait.as_nanos() as u64;
             for qp in self.qps.values() {
@@ -238,7 +260,9 @@ impl Engine {
             }
             if timeout > 0 && self.rx.wait_readable_ns(timeout).unwrap_or(false) {
                 let now = self.now();
-                busy |= self.receive(now) > 0;
+                if self.receive(now) > 0 {
+                    busy = true;
+                }
                 busy |= self.transmit(now);
                 self.drain_events();
             }
@@ -398,6 +422,7 @@ impl Engine {
     /// a ping leaves without waiting for the next round of the loop. When the window is full (a
     /// bulk transfer) the connection has nothing to give and this costs one check.
     pub fn kick(&mut self, qpn: u32) {
+        self.dirty = true;
         let now = self.now();
         if self.transmit_qp(qpn, now) {
             self.flush();
