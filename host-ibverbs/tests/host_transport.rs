@@ -63,12 +63,33 @@ fn ipv6_loopback() {
     if std::net::UdpSocket::bind("[::1]:0").is_err() {
         panic!("this machine has no IPv6 loopback; the IPv6 path cannot be tested here");
     }
+    let dir = std::env::temp_dir().join(format!("metaroce-v6-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("v6.pcap");
+    // A free UDP port for the server's data, so the capture can be decoded by port.
+    let data_port = std::net::UdpSocket::bind("[::1]:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
     let p = pair(
         "write-bw",
         &[],
-        &["--data-port", "0"],
+        &["--data-port", &data_port],
         &[],
-        &["-s", "1048576", "-n", "16", "-q", "2", "--data-port", "0"],
+        &[
+            "-s",
+            "1048576",
+            "-n",
+            "16",
+            "-q",
+            "2",
+            "--data-port",
+            "0",
+            "--pcap",
+            file.to_str().unwrap(),
+        ],
         "::1",
         &[],
     );
@@ -81,6 +102,33 @@ fn ipv6_loopback() {
         .unwrap()
         .to_string();
     assert!(peer.starts_with("[::1]:"), "{peer}");
+    // The capture holds IPv6 frames whose ICRC (over the IPv6 header) checks out.
+    let dec = Command::new(bin())
+        .args([
+            "decode",
+            "--json",
+            "--port",
+            &data_port,
+            "-r",
+            file.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let frames: Vec<serde_json::Value> = String::from_utf8_lossy(&dec.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|f: &serde_json::Value| f.get("error").is_none())
+        .collect();
+    assert!(
+        frames.len() >= 32 * 256,
+        "every data packet to the server: {}",
+        frames.len()
+    );
+    for f in &frames {
+        assert!(f.get("ipv6").is_some(), "{f}");
+        assert_eq!(f["icrc"]["ok"], true, "{f}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -377,4 +425,29 @@ fn latency_tests_over_processes() {
             assert!(r[k].as_f64().unwrap() > 0.0, "{test} {k}");
         }
     }
+}
+
+#[test]
+fn the_device_flag_names_an_interface() {
+    let p = pair(
+        "send-bw",
+        &[],
+        &["--data-port", "0"],
+        &[],
+        &["-d", "lo", "-n", "100", "-s", "4096", "--data-port", "0"],
+        "127.0.0.1",
+        &[],
+    );
+    assert_success(&p);
+    assert_eq!(p.client_json()[0]["verified"], true);
+    let out = Command::new(bin())
+        .args(["write-bw", "127.0.0.1", "-d", "no-such-if0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no interface \"no-such-if0\" with an IP address"),
+        "{err}"
+    );
 }
