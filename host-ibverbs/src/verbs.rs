@@ -458,6 +458,30 @@ pub struct Wc {
     pub opcode: u32,
     /// Bytes.
     pub byte_len: u32,
+    /// Immediate data, when the completion carries some.
+    pub imm: Option<u32>,
+}
+
+impl Wc {
+    /// What completed, in the UDP transport's terms (None for opcodes it has no name for).
+    pub fn kind(&self) -> Option<crate::udp::CompletionKind> {
+        use crate::udp::CompletionKind as K;
+        use sys::ibv_wc_opcode as op;
+        Some(match self.opcode {
+            op::IBV_WC_SEND => K::Send,
+            op::IBV_WC_RDMA_WRITE => K::Write,
+            op::IBV_WC_RDMA_READ => K::Read,
+            op::IBV_WC_COMP_SWAP | op::IBV_WC_FETCH_ADD => K::Atomic,
+            op::IBV_WC_RECV => K::Recv,
+            op::IBV_WC_RECV_RDMA_WITH_IMM => K::RecvWriteImm,
+            _ => return None,
+        })
+    }
+
+    /// Whether it succeeded.
+    pub fn is_success(&self) -> bool {
+        self.status == sys::ibv_wc_status::IBV_WC_SUCCESS
+    }
 }
 
 impl CompletionQueue {
@@ -472,11 +496,15 @@ impl CompletionQueue {
             return Err(rc_err("ibv_poll_cq", got));
         }
         for wc in &wcs[..got as usize] {
+            let with_imm = wc.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
             out.push(Wc {
                 wr_id: wc.wr_id,
                 status: wc.status,
                 opcode: wc.opcode,
                 byte_len: wc.byte_len,
+                // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate data.
+                imm: with_imm
+                    .then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
             });
         }
         Ok(got as usize)
@@ -513,6 +541,23 @@ pub struct RtsAttr {
     pub rnr_retry: u8,
 }
 
+/// A send-queue work request on a verbs queue pair.
+#[derive(Clone, Copy)]
+pub struct SendWr<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: crate::udp::WrOp,
+    /// Local memory.
+    pub mr: &'a MemoryRegion,
+    /// Offset in it.
+    pub offset: usize,
+    /// Bytes.
+    pub len: u32,
+    /// Peer memory (Write, Read, atomics).
+    pub remote: crate::udp::RemoteAddr,
+}
+
 /// An RC queue pair.
 pub struct QueuePair {
     qp: NonNull<sys::ibv_qp>,
@@ -546,6 +591,13 @@ impl QueuePair {
             return Err(rc_err(verb, rc));
         }
         Ok(())
+    }
+
+    /// RESET to INIT, RTR and RTS in one call, as the UDP transport's `connect`.
+    pub fn connect(&self, access: Access, rtr: &RtrAttr, rts: &RtsAttr) -> Result<(), VerbsError> {
+        self.to_init(rtr.port, access)?;
+        self.to_rtr(rtr)?;
+        self.to_rts(rts)
     }
 
     /// RESET to INIT on `port` with `access` for remote peers.
@@ -626,19 +678,14 @@ impl QueuePair {
         )
     }
 
-    /// Posts a Write (`read` false) or Read (`read` true) of `len` bytes at `offset` of `mr`
-    /// to or from the peer's memory at `remote`.
-    pub fn post_rdma(
-        &self,
-        wr_id: u64,
-        read: bool,
-        mr: &MemoryRegion,
-        offset: usize,
-        len: u32,
-        remote: crate::udp::RemoteAddr,
-    ) -> Result<(), VerbsError> {
-        if offset
-            .checked_add(len as usize)
+    /// Posts a work request, the same operations as the UDP transport's
+    /// [`QueuePair::post_send`](crate::udp::QueuePair::post_send): Send and Write (with or
+    /// without immediate data), Read, compare-and-swap and fetch-and-add (`len` 8).
+    pub fn post_send(&self, wr: &SendWr<'_>) -> Result<(), VerbsError> {
+        let mr = wr.mr;
+        if wr
+            .offset
+            .checked_add(wr.len as usize)
             .is_none_or(|e| e > mr.len())
         {
             return Err(VerbsError::Invalid(
@@ -646,28 +693,63 @@ impl QueuePair {
             ));
         }
         let mut sge = sys::ibv_sge {
-            addr: mr.addr() + offset as u64,
-            length: len,
+            addr: mr.addr() + wr.offset as u64,
+            length: wr.len,
             lkey: mr.lkey(),
         };
         // SAFETY: plain C structure; all-zero is valid.
-        let mut wr: sys::ibv_send_wr = unsafe { zeroed() };
-        wr.wr_id = wr_id;
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
-        wr.opcode = if read {
-            sys::ibv_wr_opcode::IBV_WR_RDMA_READ
-        } else {
-            sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE
+        let mut w: sys::ibv_send_wr = unsafe { zeroed() };
+        w.wr_id = wr.wr_id;
+        w.sg_list = &mut sge;
+        w.num_sge = 1;
+        w.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        let rdma = sys::rdma_t {
+            remote_addr: wr.remote.va,
+            rkey: wr.remote.rkey,
         };
-        wr.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
-        wr.wr.rdma = sys::rdma_t {
-            remote_addr: remote.va,
-            rkey: remote.rkey,
-        };
+        use crate::udp::WrOp;
+        use sys::ibv_wr_opcode as op;
+        match wr.op {
+            WrOp::Send => w.opcode = op::IBV_WR_SEND,
+            WrOp::SendWithImm(imm) => {
+                w.opcode = op::IBV_WR_SEND_WITH_IMM;
+                w.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+            }
+            WrOp::Write => {
+                w.opcode = op::IBV_WR_RDMA_WRITE;
+                w.wr.rdma = rdma;
+            }
+            WrOp::WriteWithImm(imm) => {
+                w.opcode = op::IBV_WR_RDMA_WRITE_WITH_IMM;
+                w.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                w.wr.rdma = rdma;
+            }
+            WrOp::Read => {
+                w.opcode = op::IBV_WR_RDMA_READ;
+                w.wr.rdma = rdma;
+            }
+            WrOp::CompareSwap { compare, swap } => {
+                w.opcode = op::IBV_WR_ATOMIC_CMP_AND_SWP;
+                w.wr.atomic = sys::atomic_t {
+                    remote_addr: wr.remote.va,
+                    compare_add: compare,
+                    swap,
+                    rkey: wr.remote.rkey,
+                };
+            }
+            WrOp::FetchAdd(add) => {
+                w.opcode = op::IBV_WR_ATOMIC_FETCH_AND_ADD;
+                w.wr.atomic = sys::atomic_t {
+                    remote_addr: wr.remote.va,
+                    compare_add: add,
+                    swap: 0,
+                    rkey: wr.remote.rkey,
+                };
+            }
+        }
         let mut bad = null_mut();
-        // SAFETY: the QP is live; `wr` and `sge` outlive the call; the buffer is registered.
-        let rc = unsafe { sys::ibv_post_send(self.qp.as_ptr(), &mut wr, &mut bad) };
+        // SAFETY: the QP is live; `w` and `sge` outlive the call; the buffer is registered.
+        let rc = unsafe { sys::ibv_post_send(self.qp.as_ptr(), &mut w, &mut bad) };
         if rc != 0 {
             return Err(rc_err("ibv_post_send", rc));
         }
@@ -728,6 +810,33 @@ mod tests {
         assert!(e.to_string().starts_with("no RDMA device"), "{e}");
     }
 
+    #[test]
+    fn completions_are_named_as_the_udp_transport_names_them() {
+        use crate::udp::CompletionKind as K;
+        use sys::ibv_wc_opcode as op;
+        let wc = |opcode, status| Wc {
+            wr_id: 1,
+            status,
+            opcode,
+            byte_len: 8,
+            imm: None,
+        };
+        for (opcode, kind) in [
+            (op::IBV_WC_SEND, K::Send),
+            (op::IBV_WC_RDMA_WRITE, K::Write),
+            (op::IBV_WC_RDMA_READ, K::Read),
+            (op::IBV_WC_COMP_SWAP, K::Atomic),
+            (op::IBV_WC_FETCH_ADD, K::Atomic),
+            (op::IBV_WC_RECV, K::Recv),
+            (op::IBV_WC_RECV_RDMA_WITH_IMM, K::RecvWriteImm),
+        ] {
+            assert_eq!(wc(opcode, 0).kind(), Some(kind));
+        }
+        assert_eq!(wc(op::IBV_WC_BIND_MW, 0).kind(), None);
+        assert!(wc(op::IBV_WC_SEND, sys::ibv_wc_status::IBV_WC_SUCCESS).is_success());
+        assert!(!wc(op::IBV_WC_SEND, sys::ibv_wc_status::IBV_WC_REM_ACCESS_ERR).is_success());
+    }
+
     /// Exists only when the build names a device:
     /// `METAROCE_VERBS_DEVICE=mlx5_0 cargo test -p host-ibverbs --features verbs` (and
     /// `METAROCE_VERBS_GID`, default 1).
@@ -772,17 +881,17 @@ mod tests {
             })
             .unwrap();
         }
-        qa.post_rdma(
-            1,
-            false,
-            &a,
-            0,
-            1 << 20,
-            crate::udp::RemoteAddr {
+        qa.post_send(&SendWr {
+            wr_id: 1,
+            op: crate::udp::WrOp::Write,
+            mr: &a,
+            offset: 0,
+            len: 1 << 20,
+            remote: crate::udp::RemoteAddr {
                 va: b.addr(),
                 rkey: b.rkey(),
             },
-        )
+        })
         .unwrap();
         let mut out = Vec::new();
         while out.is_empty() {
