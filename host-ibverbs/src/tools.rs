@@ -80,6 +80,10 @@ pub struct PerfArgs {
     /// Write every datagram sent and received to this pcap file.
     #[arg(long, value_name = "FILE")]
     pub pcap: Option<PathBuf>,
+    /// Bandwidth tests: worker threads, each with its own UDP socket, engine and share of the
+    /// -q connections (use one per core the transport may take).
+    #[arg(long, default_value_t = 1)]
+    pub threads: u32,
     /// Print one JSON object per result line.
     #[arg(long)]
     pub json: bool,
@@ -109,6 +113,7 @@ fn config(test: Test, a: &PerfArgs) -> Result<PerfConfig, String> {
     c.window = a.window;
     c.data_port = a.data_port;
     c.busy_poll = a.busy_poll;
+    c.threads = a.threads;
     c.pcap = a.pcap.clone();
     c.bind = a.bind;
     if let Some(dev) = &a.device {
@@ -298,6 +303,7 @@ pub fn run_loopback(json: bool, seconds: f64) -> ExitCode {
             bind: None,
             busy_poll: false,
             pcap: None,
+            threads: 1,
             json,
         };
         let mut header = false;

@@ -113,6 +113,9 @@ pub struct PerfConfig {
     pub progress: bool,
     /// Publish counters for `metaroce stats`.
     pub publish_stats: bool,
+    /// Bandwidth tests: worker threads per end, each with its own device (UDP socket and
+    /// engine) and its share of the connections.
+    pub threads: u32,
 }
 
 impl PerfConfig {
@@ -138,6 +141,7 @@ impl PerfConfig {
             pcap: None,
             progress: true,
             publish_stats: true,
+            threads: 1,
         }
     }
 
@@ -469,15 +473,76 @@ fn validate(cfg: &PerfConfig) -> Result<(), PerfError> {
     if cfg.iters == 0 && cfg.duration.is_none() {
         return Err(PerfError::Invalid("-n must be at least 1".into()));
     }
+    if cfg.threads == 0 || cfg.threads > cfg.qps {
+        return Err(PerfError::Invalid(
+            "--threads must be at least 1 and at most -q".into(),
+        ));
+    }
+    if cfg.threads > 1 && cfg.test.is_latency() {
+        return Err(PerfError::Invalid(
+            "--threads applies to bandwidth tests".into(),
+        ));
+    }
     if cfg.tx_depth == 0 {
         return Err(PerfError::Invalid("-t must be at least 1".into()));
     }
     Ok(())
 }
 
-/// Runs the client side: connects, runs every phase, returns one report per size.
+/// Runs the client side: connects, runs every phase, returns one report per size. With
+/// `threads` > 1, each worker thread runs its own exchange, device and share of the
+/// connections, and the reports are added up per size.
 pub fn run_client(
     cfg: &PerfConfig,
+    mut on_report: impl FnMut(&Report),
+) -> Result<Vec<Report>, PerfError> {
+    validate(cfg)?;
+    if cfg.threads <= 1 {
+        return run_client_one(cfg, 1, on_report);
+    }
+    let t = cfg.threads;
+    let workers: Vec<_> = (0..t)
+        .map(|w| {
+            let mut c = cfg.clone();
+            c.qps = cfg.qps / t + u32::from(w < cfg.qps % t);
+            c.threads = 1;
+            c.progress = cfg.progress && w == 0;
+            c.publish_stats = cfg.publish_stats && w == 0;
+            std::thread::Builder::new()
+                .name(format!("worker{w}"))
+                .stack_size(64 << 20)
+                .spawn(move || run_client_one(&c, t, |_| {}))
+        })
+        .collect::<Result<_, _>>()
+        .map_err(|e| PerfError::Invalid(format!("cannot start a worker thread: {e}")))?;
+    let mut all = Vec::new();
+    for w in workers {
+        let r = w
+            .join()
+            .map_err(|_| PerfError::Invalid("a worker thread panicked".into()))??;
+        all.push(r);
+    }
+    let merged: Vec<Report> = (0..all[0].len())
+        .map(|i| {
+            let parts: Vec<&BwResult> = all
+                .iter()
+                .filter_map(|r| match r.get(i) {
+                    Some(Report::Bw(b)) => Some(b),
+                    _ => None,
+                })
+                .collect();
+            Report::Bw(BwResult::sum(&parts))
+        })
+        .collect();
+    for r in &merged {
+        on_report(r);
+    }
+    Ok(merged)
+}
+
+fn run_client_one(
+    cfg: &PerfConfig,
+    workers: u32,
     mut on_report: impl FnMut(&Report),
 ) -> Result<Vec<Report>, PerfError> {
     validate(cfg)?;
@@ -494,7 +559,8 @@ pub fn run_client(
         .with("qps", cfg.qps)
         .with("paths", cfg.paths)
         .with("window", cfg.window)
-        .with("busy", u8::from(cfg.busy_poll));
+        .with("busy", u8::from(cfg.busy_poll))
+        .with("workers", workers);
     if let Some(d) = cfg.duration {
         hello = hello.with("duration_ms", d.as_millis());
     }
@@ -546,18 +612,96 @@ pub struct Served {
     pub stats: serde_json::Value,
 }
 
-/// Runs the server side for one client on `listener`.
+impl Served {
+    /// The workers' results as one: phases of the slowest, all verified, bytes and counters
+    /// added (device counters summed, connections listed together).
+    fn sum(parts: Vec<Served>) -> Served {
+        let mut out = Served {
+            test: parts[0].test,
+            phases: parts.iter().map(|p| p.phases).max().unwrap_or(0),
+            verified: parts.iter().all(|p| p.verified),
+            bytes_checked: parts.iter().map(|p| p.bytes_checked).sum(),
+            stats: parts[0].stats.clone(),
+        };
+        for p in &parts[1..] {
+            if let (Some(dev), Some(more)) = (
+                out.stats["device"].as_object_mut(),
+                p.stats["device"].as_object(),
+            ) {
+                for (k, v) in more {
+                    let sum =
+                        dev.get(k).and_then(|x| x.as_u64()).unwrap_or(0) + v.as_u64().unwrap_or(0);
+                    dev.insert(k.clone(), sum.into());
+                }
+            }
+            if let (Some(qps), Some(more)) =
+                (out.stats["qps"].as_array_mut(), p.stats["qps"].as_array())
+            {
+                qps.extend(more.iter().cloned());
+            }
+        }
+        out
+    }
+}
+
+/// Runs the server side for one client on `listener` (and, when the client runs several worker
+/// threads, for each of its workers, each in a thread with its own device).
 pub fn serve_one(cfg: &PerfConfig, listener: &TcpListener) -> Result<Served, PerfError> {
     let mut chan = Channel::accept(listener)?;
-    let r = serve_channel(cfg, &mut chan);
+    let hello = match chan.expect("hello", Some(Duration::from_secs(30))) {
+        Ok(h) => h,
+        Err(e) => {
+            chan.send_error(&e.to_string());
+            return Err(e.into());
+        }
+    };
+    let workers: u32 = hello.get("workers").unwrap_or(1);
+    if workers <= 1 {
+        return serve_logged(cfg, chan, hello);
+    }
+    if workers > 64 {
+        chan.send_error("at most 64 workers");
+        return Err(PerfError::Invalid(format!("{workers} workers asked")));
+    }
+    let mut threads = Vec::new();
+    let spawn = |chan: Channel, hello: Message, w: u32| {
+        let mut c = cfg.clone();
+        c.publish_stats = cfg.publish_stats && w == 0;
+        std::thread::Builder::new()
+            .name(format!("server{w}"))
+            .stack_size(64 << 20)
+            .spawn(move || serve_logged(&c, chan, hello))
+            .map_err(|e| PerfError::Invalid(format!("cannot start a worker thread: {e}")))
+    };
+    threads.push(spawn(chan, hello, 0)?);
+    for w in 1..workers {
+        let mut chan = Channel::accept(listener)?;
+        let hello = chan.expect("hello", Some(Duration::from_secs(30)))?;
+        threads.push(spawn(chan, hello, w)?);
+    }
+    let mut parts = Vec::new();
+    for t in threads {
+        parts.push(
+            t.join()
+                .map_err(|_| PerfError::Invalid("a worker thread panicked".into()))??,
+        );
+    }
+    Ok(Served::sum(parts))
+}
+
+fn serve_logged(cfg: &PerfConfig, mut chan: Channel, hello: Message) -> Result<Served, PerfError> {
+    let r = serve_channel(cfg, &mut chan, hello);
     if let Err(e) = &r {
         chan.send_error(&e.to_string());
     }
     r
 }
 
-fn serve_channel(cfg: &PerfConfig, chan: &mut Channel) -> Result<Served, PerfError> {
-    let hello = chan.expect("hello", Some(Duration::from_secs(30)))?;
+fn serve_channel(
+    cfg: &PerfConfig,
+    chan: &mut Channel,
+    hello: Message,
+) -> Result<Served, PerfError> {
     let test_name = hello.text("test")?;
     let test = Test::from_name(test_name)
         .ok_or_else(|| PerfError::Mismatch(format!("unknown test {test_name:?}")))?;
@@ -569,6 +713,8 @@ fn serve_channel(cfg: &PerfConfig, chan: &mut Channel) -> Result<Served, PerfErr
         )));
     }
     let mut mine = cfg.clone();
+    // The client decides how many workers there are; each server thread serves one of them.
+    mine.threads = 1;
     mine.qps = hello.get("qps")?;
     mine.paths = hello.get("paths")?;
     mine.window = hello.get("window")?;
@@ -580,7 +726,9 @@ fn serve_channel(cfg: &PerfConfig, chan: &mut Channel) -> Result<Served, PerfErr
     let local_ip = cfg
         .bind
         .unwrap_or(chan.local_addr().map_err(OobError::Io)?.ip().to_canonical());
-    let ep = open_endpoint(&mine, local_ip, false)?;
+    // Several workers share the host: the first takes the data port, the others any port.
+    let workers: u32 = hello.get("workers").unwrap_or(1);
+    let ep = open_endpoint(&mine, local_ip, workers > 1)?;
     chan.send(
         &Message::new("hello")
             .with("data", ep.ctx.local_addr())

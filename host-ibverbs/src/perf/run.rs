@@ -41,6 +41,35 @@ pub struct BwResult {
     pub paths_used: usize,
 }
 
+impl BwResult {
+    /// Several workers' results for one size as one: bytes and messages added over the
+    /// longest worker's time; the peak is the sum of the peaks (each worker's best window).
+    pub fn sum(parts: &[&BwResult]) -> BwResult {
+        let seconds = parts
+            .iter()
+            .map(|p| p.seconds)
+            .fold(0.0, f64::max)
+            .max(1e-9);
+        let iterations: u64 = parts.iter().map(|p| p.iterations).sum();
+        let total_bytes: u64 = parts.iter().map(|p| p.total_bytes).sum();
+        let avg = total_bytes as f64 * 8.0 / seconds / 1e9;
+        BwResult {
+            size: parts.first().map_or(0, |p| p.size),
+            iterations,
+            total_bytes,
+            seconds,
+            bw_peak_gbps: parts.iter().map(|p| p.bw_peak_gbps).sum::<f64>().max(avg),
+            bw_avg_gbps: avg,
+            msg_rate_mpps: iterations as f64 / seconds / 1e6,
+            verified: !parts.is_empty() && parts.iter().all(|p| p.verified),
+            retransmits: parts.iter().map(|p| p.retransmits).sum(),
+            rnr_retries: parts.iter().map(|p| p.rnr_retries).sum(),
+            ecn_marks_echoed: parts.iter().map(|p| p.ecn_marks_echoed).sum(),
+            paths_used: parts.iter().map(|p| p.paths_used).min().unwrap_or(0),
+        }
+    }
+}
+
 /// Results of a latency phase (microseconds; half the round trip for Write and Send, as
 /// perftest reports them, the whole operation for Read).
 #[derive(Debug, Clone, Default)]

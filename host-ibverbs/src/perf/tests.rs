@@ -62,6 +62,35 @@ fn every_latency_test_answers_and_verifies() {
 }
 
 #[test]
+fn worker_threads_split_the_connections_and_add_up() {
+    for test in [Test::WriteBw, Test::SendBw, Test::ReadBw] {
+        let mut cfg = PerfConfig::new(test);
+        cfg.size = 10_000;
+        cfg.iters = 100;
+        cfg.qps = 3;
+        cfg.threads = 2;
+        let (reports, served) = run_pair(cfg);
+        let Report::Bw(r) = &reports[0] else { panic!() };
+        assert_eq!(
+            r.iterations, 300,
+            "{test:?}: every connection of every worker"
+        );
+        assert_eq!(r.total_bytes, 3_000_000);
+        assert!(r.verified && served.verified, "{test:?}");
+        assert_eq!(served.stats["qps"].as_array().map(Vec::len), Some(3));
+        if test != Test::ReadBw {
+            assert_eq!(served.bytes_checked, 3_000_000);
+        }
+    }
+    let mut cfg = PerfConfig::new(Test::WriteBw);
+    cfg.threads = 2;
+    assert!(
+        matches!(validate(&cfg), Err(PerfError::Invalid(_))),
+        "more threads than -q"
+    );
+}
+
+#[test]
 fn busy_polling_ends_move_the_same_bytes() {
     let mut cfg = PerfConfig::new(Test::SendBw);
     cfg.size = 5000;
