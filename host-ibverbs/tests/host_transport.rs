@@ -12,6 +12,20 @@ use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
 
+/// The frames of a capture that `metaroce decode` parses with `port` as the RoCEv2 port.
+fn decode_capture(file: &std::path::Path, port: &str) -> Vec<serde_json::Value> {
+    let dec = Command::new(bin())
+        .args(["decode", "--json", "--port", port, "-r"])
+        .arg(file)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&dec.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|f: &serde_json::Value| f.get("error").is_none())
+        .collect()
+}
+
 #[test]
 fn sixty_four_mib_of_writes_sends_and_reads_on_loopback_with_four_connections() {
     for test in ["write-bw", "send-bw", "read-bw"] {
@@ -103,22 +117,7 @@ fn ipv6_loopback() {
         .to_string();
     assert!(peer.starts_with("[::1]:"), "{peer}");
     // The capture holds IPv6 frames whose ICRC (over the IPv6 header) checks out.
-    let dec = Command::new(bin())
-        .args([
-            "decode",
-            "--json",
-            "--port",
-            &data_port,
-            "-r",
-            file.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    let frames: Vec<serde_json::Value> = String::from_utf8_lossy(&dec.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .filter(|f: &serde_json::Value| f.get("error").is_none())
-        .collect();
+    let frames = decode_capture(&file, &data_port);
     assert!(
         frames.len() >= 32 * 256,
         "every data packet to the server: {}",
@@ -206,26 +205,8 @@ fn the_capture_is_read_by_tshark_as_rocev2_and_by_decode_with_good_icrcs() {
         .next()
         .unwrap()
         .to_string();
-    let decode = |port: &str| -> Vec<serde_json::Value> {
-        let dec = Command::new(bin())
-            .args([
-                "decode",
-                "--json",
-                "--port",
-                port,
-                "-r",
-                file.to_str().unwrap(),
-            ])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&dec.stdout)
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .filter(|f: &serde_json::Value| f.get("error").is_none())
-            .collect()
-    };
-    let to_server = decode("4791");
-    let to_client = decode(&client_port);
+    let to_server = decode_capture(&file, "4791");
+    let to_client = decode_capture(&file, &client_port);
     assert_eq!(to_server.len(), rows.len());
     assert!(
         !to_client.is_empty(),
