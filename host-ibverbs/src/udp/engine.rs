@@ -152,7 +152,7 @@ pub(crate) struct Engine {
     /// Something arrived or was posted since the last send: the next round sends and completes.
     pub dirty: bool,
     /// Reused by `flush`.
-    flush_keys: Vec<(bool, (u16, SocketAddr))>,
+    flush_keys: Vec<(u16, SocketAddr)>,
     pub gso: bool,
     pub busy_poll: bool,
     /// Keepalives released inside the engine, dropped by the caller after the engine is
@@ -537,14 +537,15 @@ impl Engine {
         // Payload before acknowledgements: an answer to a ping should not wait behind an ACK.
         let mut keys = std::mem::take(&mut self.flush_keys);
         keys.clear();
-        keys.extend(
-            self.stages
-                .iter()
-                .filter(|(_, s)| !s.msgs.is_empty())
-                .map(|(k, s)| (!s.data, *k)),
-        );
-        keys.sort_unstable_by_key(|(control, _)| *control);
-        for &(_, k) in &keys {
+        for data_pass in [true, false] {
+            keys.extend(
+                self.stages
+                    .iter()
+                    .filter(|(_, s)| !s.msgs.is_empty() && s.data == data_pass)
+                    .map(|(k, _)| *k),
+            );
+        }
+        for &k in &keys {
             self.flush_one(k);
         }
         self.flush_keys = keys;
