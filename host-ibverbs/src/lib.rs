@@ -1,5 +1,12 @@
-//! Host runners for the MetaRoCE transport and the library behind the `metaroce` tool: frame
-//! decoding to JSON and text, random frame generation, and pcap/pcapng capture files.
+//! Host runners for the MetaRoCE transport and the library behind the `metaroce` tool.
+//!
+//! - [`udp`]: the software transport over UDP sockets behind a Verbs-shaped API (the host
+//!   fallback, also for BlueField DPU Arm cores);
+//! - `verbs` (feature `verbs`): the ibverbs backend over `rdma-sys` for RDMA NICs;
+//! - [`perf`] and [`oob`]: the perftest-style bandwidth and latency tests and their TCP exchange;
+//! - [`devices`]: the interfaces the UDP transport can use;
+//! - [`decode`], [`gen`], [`capture`]: frame decoding to JSON and text, random frame generation,
+//!   pcap/pcapng files; [`selftest`]: two connections over a virtual lossy link.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod capture;
