@@ -157,23 +157,25 @@ pub fn run_perf(test: Test, a: &PerfArgs) -> ExitCode {
     code
 }
 
-fn print_report(test: Test, a: &PerfArgs, r: &Report, header: &mut bool) {
+fn print_report(test: Test, json: bool, gbits: bool, r: &Report, header: &mut bool) {
     let mut out = io::stdout().lock();
-    if a.json {
+    if json {
         let _ = writeln!(out, "{}", r.to_json(test));
     } else {
         if !*header {
-            let _ = writeln!(out, "{}", perf::table_header(test, a.report_gbits));
+            let _ = writeln!(out, "{}", perf::table_header(test, gbits));
             *header = true;
         }
-        let _ = writeln!(out, "{}", perf::table_line(r, a.report_gbits));
+        let _ = writeln!(out, "{}", perf::table_line(r, gbits));
     }
     let _ = out.flush();
 }
 
 fn client(cfg: &PerfConfig, a: &PerfArgs) -> ExitCode {
     let mut header = false;
-    let result = perf::run_client(cfg, |r| print_report(cfg.test, a, r, &mut header));
+    let result = perf::run_client(cfg, |r| {
+        print_report(cfg.test, a.json, a.report_gbits, r, &mut header)
+    });
     match result {
         Ok(reports) => {
             if !a.json {
@@ -283,35 +285,12 @@ pub fn run_loopback(json: bool, seconds: f64) -> ExitCode {
             }
         };
         cfg.server = Some("127.0.0.1".into());
-        let args = PerfArgs {
-            server: None,
-            device: None,
-            size: None,
-            iters: None,
-            duration: None,
-            qps: 1,
-            port: 0,
-            cpu_freq: false,
-            report_gbits: true,
-            all: false,
-            tx_depth: 128,
-            mtu: None,
-            paths: 8,
-            window: 16,
-            transport: Transport::Udp,
-            data_port: 0,
-            bind: None,
-            busy_poll: false,
-            pcap: None,
-            threads: 1,
-            json,
-        };
         let mut header = false;
         if !json {
             println!("metaroce {} over UDP on 127.0.0.1, 8 paths", test.name());
         }
         let r: Result<_, PerfError> =
-            perf::run_client(&cfg, |r| print_report(test, &args, r, &mut header));
+            perf::run_client(&cfg, |r| print_report(test, json, true, r, &mut header));
         let served = server.join();
         match (r, served) {
             (Ok(reports), Ok(Ok(s))) => {

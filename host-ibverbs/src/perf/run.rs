@@ -188,6 +188,17 @@ fn matches(
     mr.equals(offset, tmp).unwrap_or(false)
 }
 
+/// Waits for the peer's next message while keeping the transport going (acknowledgements and
+/// retransmissions still flow while the other end works).
+fn next_message(ep: &Endpoint, chan: &mut Channel) -> Result<Message, PerfError> {
+    loop {
+        ep.ctx.progress(Duration::from_millis(1));
+        if let Some(m) = chan.poll()? {
+            return Ok(m);
+        }
+    }
+}
+
 /// The client's side of one phase.
 pub(super) fn client_phase(
     cfg: &PerfConfig,
@@ -196,7 +207,9 @@ pub(super) fn client_phase(
     size: usize,
 ) -> Result<Report, PerfError> {
     let slots = slots_for(size, cfg.iters, cfg.qps, cfg.duration.is_some());
-    let seed = Instant::now().elapsed().as_nanos() as u64
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
         ^ (u64::from(std::process::id()) << 20)
         ^ size as u64;
     let bufs = buffers(ep, slots, size, seed)?;
@@ -210,12 +223,7 @@ pub(super) fn client_phase(
             .with("src", encode_bufs(&bufs.src)),
     )?;
     // The server may be filling buffers of many megabytes.
-    let ready = loop {
-        ep.ctx.progress(Duration::from_millis(1));
-        if let Some(m) = chan.poll()? {
-            break m;
-        }
-    };
+    let ready = next_message(ep, chan)?;
     if ready.verb != "ready" {
         return Err(PerfError::Invalid(format!(
             "expected ready, got {}",
@@ -272,12 +280,7 @@ pub(super) fn client_phase(
             .collect::<Vec<_>>()
             .join(",");
         chan.send(&Message::new("done").with("counts", counts_s))?;
-        let result = loop {
-            ep.ctx.progress(Duration::from_millis(1));
-            if let Some(m) = chan.poll()? {
-                break m;
-            }
-        };
+        let result = next_message(ep, chan)?;
         let server_ok = result.get::<u8>("verified")? == 1;
         if cfg.test == Test::ReadBw {
             let mut tmp = vec![0u8; size];
@@ -292,12 +295,7 @@ pub(super) fn client_phase(
         return Ok(Report::Bw(r));
     };
     chan.send(&Message::new("done").with("counts", cfg.iters))?;
-    let result = loop {
-        ep.ctx.progress(Duration::from_millis(1));
-        if let Some(m) = chan.poll()? {
-            break m;
-        }
-    };
+    let result = next_message(ep, chan)?;
     let server_ok = result.get::<u8>("verified")? == 1;
     Ok(match report {
         Report::Lat(mut l) => {

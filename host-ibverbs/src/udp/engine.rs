@@ -112,7 +112,6 @@ pub(crate) struct QpState {
     pub conn: Option<Box<Conn>>,
     pub peer: Option<SocketAddr>,
     pub pending: HashMap<u64, Pending>,
-    pub path_events: u64,
 }
 
 /// Datagrams waiting to leave from one source port to one destination: one buffer, cut into
@@ -150,7 +149,7 @@ pub(crate) struct Engine {
     /// Progress rounds so far.
     rounds: u64,
     /// Something arrived or was posted since the last send: the next round sends and completes.
-    pub dirty: bool,
+    dirty: bool,
     /// Reused by `flush`.
     flush_keys: Vec<(u16, SocketAddr)>,
     pub gso: bool,
@@ -651,9 +650,8 @@ impl Engine {
                             stream: c.stream,
                         });
                     }
-                    Event::PathFailed { .. } | Event::PathRestored { .. } => {
-                        qp.path_events += 1;
-                    }
+                    // Counted by the connection (`path_failures`, path state in the stats).
+                    Event::PathFailed { .. } | Event::PathRestored { .. } => {}
                 }
             }
         }

@@ -162,7 +162,10 @@ fn random_seed() -> u64 {
         u64::from_ne_bytes(b)
     } else {
         // No entropy source: time and pid still make keys differ between runs.
-        Instant::now().elapsed().as_nanos() as u64 ^ (u64::from(std::process::id()) << 32)
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ (u64::from(std::process::id()) << 32)
     }
 }
 
@@ -224,16 +227,6 @@ impl Context {
     /// The address datagrams arrive at.
     pub fn local_addr(&self) -> SocketAddr {
         self.with(|e| e.rx.local_addr())
-    }
-
-    /// Whether arrivals are coalesced (UDP GRO granted).
-    pub fn gro(&self) -> bool {
-        self.with(|e| e.rx.gro())
-    }
-
-    /// The receive buffer the kernel granted, bytes.
-    pub fn receive_buffer(&self) -> usize {
-        self.with(|e| e.rx.rcvbuf().unwrap_or(0))
     }
 
     /// Allocates a protection domain.
@@ -424,7 +417,6 @@ impl ProtectionDomain {
                     conn: None,
                     peer: None,
                     pending: engine::HashMap::default(),
-                    path_events: 0,
                 },
             )
         });
@@ -824,15 +816,6 @@ impl QueuePair {
                 .map(|c| *c.counters())
                 .unwrap_or_default()
         })
-    }
-
-    /// Path events (failures and restorations) seen so far.
-    pub fn path_events(&self) -> u64 {
-        let qpn = self.inner.qpn;
-        self.inner
-            .pd
-            .ctx
-            .with(|e| e.qps.get(&qpn).map_or(0, |q| q.path_events))
     }
 }
 

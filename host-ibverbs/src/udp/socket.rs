@@ -5,7 +5,7 @@
 
 use std::io;
 use std::mem::{size_of, zeroed, MaybeUninit};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 // Linux ABI values, the same on every architecture; not all are exported by the `libc` crate.
@@ -90,11 +90,6 @@ impl RecvBatch {
         let m = self.meta[i];
         (&self.bufs[i][..m.len.min(self.bufs[i].len())], m)
     }
-
-    /// How many messages one call can receive.
-    pub fn capacity(&self) -> usize {
-        self.hdrs.len()
-    }
 }
 
 impl std::fmt::Debug for RecvBatch {
@@ -113,7 +108,6 @@ impl std::fmt::Debug for RecvBatch {
 pub struct UdpSocket {
     fd: OwnedFd,
     local: SocketAddr,
-    v6: bool,
     gro: bool,
     peer: Option<SocketAddr>,
 }
@@ -163,22 +157,6 @@ fn set_opt(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int)
         )
     };
     cvt(ret).map(drop)
-}
-
-fn get_opt(fd: RawFd, level: libc::c_int, name: libc::c_int) -> io::Result<libc::c_int> {
-    let mut value: libc::c_int = 0;
-    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `value` and `len` are live and describe a c_int-sized buffer.
-    let ret = unsafe {
-        libc::getsockopt(
-            fd,
-            level,
-            name,
-            (&mut value as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    cvt(ret).map(|_| value)
 }
 
 /// A `sockaddr_storage` holding `addr`, and its length.
@@ -329,7 +307,6 @@ impl UdpSocket {
         Ok(UdpSocket {
             fd,
             local,
-            v6,
             gro,
             peer: None,
         })
@@ -361,53 +338,17 @@ impl UdpSocket {
         self.gro
     }
 
-    /// The receive buffer the kernel granted, bytes.
-    pub fn rcvbuf(&self) -> io::Result<usize> {
-        get_opt(self.fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF).map(|v| v as usize)
-    }
-
     /// Sends `buf` to `dst` as one datagram, or, with `segment` > 0 and `buf` longer than it, as
     /// datagrams of `segment` bytes (the last may be shorter) in one call (UDP GSO).
     pub fn send(&self, dst: &SocketAddr, buf: &[u8], segment: usize) -> io::Result<usize> {
-        let (mut storage, len) = to_raw(dst);
-        let named = self.peer != Some(*dst);
-        let mut iov = libc::iovec {
-            iov_base: buf.as_ptr() as *mut libc::c_void,
-            iov_len: buf.len(),
+        let run = SendRun {
+            start: 0,
+            len: buf.len(),
+            segment: if segment == 0 { buf.len() } else { segment },
         };
-        // Room for one cmsg carrying a u16, 8-byte aligned.
-        let mut control = [0u64; 4];
-        // SAFETY: all-zero is a valid msghdr; every pointer set below outlives the call.
-        let mut msg: libc::msghdr = unsafe { zeroed() };
-        if named {
-            msg.msg_name = (&mut storage as *mut libc::sockaddr_storage).cast();
-            msg.msg_namelen = len;
-        }
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        if segment > 0 && buf.len() > segment {
-            let seg = u16::try_from(segment).map_err(io::Error::other)?;
-            // SAFETY: CMSG_SPACE is a pure computation.
-            let space = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
-            msg.msg_control = control.as_mut_ptr().cast();
-            msg.msg_controllen = space as _;
-            // SAFETY: msg_control points at `control`, which is large enough for one cmsg of a
-            // u16 (checked by the assert below), so CMSG_FIRSTHDR is non-null and in bounds.
-            unsafe {
-                assert!(space <= size_of::<[u64; 4]>());
-                let cmsg = libc::CMSG_FIRSTHDR(&msg);
-                (*cmsg).cmsg_level = SOL_UDP;
-                (*cmsg).cmsg_type = UDP_SEGMENT;
-                (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
-                libc::CMSG_DATA(cmsg).cast::<u16>().write_unaligned(seg);
-            }
-        }
-        // SAFETY: `msg` describes live buffers for the duration of the call.
-        let n = unsafe { libc::sendmsg(self.fd.as_raw_fd(), &msg, 0) };
-        if n < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
+        match self.send_many(dst, buf, &[run])? {
+            1 => Ok(buf.len()),
+            _ => Err(io::Error::from(io::ErrorKind::WouldBlock)),
         }
     }
 
@@ -572,19 +513,6 @@ impl UdpSocket {
             return Err(err);
         }
         Ok(n > 0)
-    }
-
-    /// Whether this is an IPv6 socket.
-    pub fn is_ipv6(&self) -> bool {
-        self.v6
-    }
-}
-
-/// The unspecified address of `ip`'s family.
-pub fn unspecified(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
     }
 }
 

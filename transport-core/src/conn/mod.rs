@@ -1226,37 +1226,31 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 
     fn on_nack(&mut self, now: Instant, psn: Psn, nack: &MrNackRepr) {
         self.counters.nacks_received += 1;
-        if !self.in_tx_window(psn) {
+        let refused = if self.in_tx_window(psn) {
+            let idx = psn.get() as usize % W;
+            if nack.reason == NackReason::ReceiverNotReady {
+                self.pkts[idx].acked = false;
+                // Forget which transmission this was, so that its ACK cannot mark it delivered.
+                self.pkts[idx].path = NO_PATH;
+                let wake = now + self.cfg.rnr_delay;
+                self.queue_retx(psn, wake);
+                self.retx_wake = Some(self.retx_wake.map_or(wake, |w| w.min(wake)));
+                return;
+            }
+            self.msgs[self.pkts[idx].msg as usize % Q].as_mut()
+        } else if nack.reason != NackReason::ReceiverNotReady {
             // An ACK on another path overtook this NACK and moved the window past the request.
             // A Read or atomic is still waiting for its response: find it by stream and MSN.
-            let waiting = self.msgs.iter_mut().flatten().find(|m| {
+            self.msgs.iter_mut().flatten().find(|m| {
                 !m.done
                     && matches!(m.kind, MsgKind::Read | MsgKind::Atomic)
                     && m.stream == nack.stream_id
                     && m.msn == nack.msn
-            });
-            if let Some(m) = waiting {
-                if nack.reason != NackReason::ReceiverNotReady {
-                    m.done = true;
-                    m.status = Status::Refused(nack.reason);
-                    m.next_pkt = m.npkts;
-                    self.complete_in_order();
-                }
-            }
-            return;
-        }
-        let idx = psn.get() as usize % W;
-        let msg_no = self.pkts[idx].msg;
-        if nack.reason == NackReason::ReceiverNotReady {
-            self.pkts[idx].acked = false;
-            // Forget which transmission this was, so that its ACK cannot mark it delivered.
-            self.pkts[idx].path = NO_PATH;
-            let wake = now + self.cfg.rnr_delay;
-            self.queue_retx(psn, wake);
-            self.retx_wake = Some(self.retx_wake.map_or(wake, |w| w.min(wake)));
-            return;
-        }
-        if let Some(m) = self.msgs[msg_no as usize % Q].as_mut() {
+            })
+        } else {
+            None
+        };
+        if let Some(m) = refused {
             if !m.done {
                 m.done = true;
                 m.status = Status::Refused(nack.reason);
