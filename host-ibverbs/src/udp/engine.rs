@@ -118,10 +118,13 @@ pub(crate) struct QpState {
 /// messages of one `sendmmsg` call, each a single datagram or a GSO run of equal segments (the
 /// last may be shorter).
 struct Stage {
+    key: (u16, SocketAddr),
     buf: Vec<u8>,
     msgs: Vec<Run>,
     /// It holds a datagram with payload (sent before those with headers only).
     data: bool,
+    /// Listed in `Engine::queued`.
+    queued: bool,
 }
 
 use super::socket::SendRun as Run;
@@ -141,17 +144,24 @@ pub(crate) struct Engine {
     pub next_internal: u64,
     pub counters: EngineCounters,
     pcap: Option<PcapWriter<BufWriter<File>>>,
-    rx_batch: RecvBatch,
+    /// Taken out while its datagrams are dispatched (`dispatch` needs the engine).
+    rx_batch: Option<RecvBatch>,
     scratch: Vec<u8>,
-    stages: HashMap<(u16, SocketAddr), Stage>,
+    stages: Vec<Stage>,
+    /// Where each (source port, destination) stages, in `stages`.
+    stage_of: HashMap<(u16, SocketAddr), usize>,
+    /// Stages holding datagrams, to be flushed.
+    queued: Vec<usize>,
     /// Reused by `transmit` (no allocation per round).
     qpn_list: Vec<u32>,
     /// Progress rounds so far.
     rounds: u64,
     /// Something arrived or was posted since the last send: the next round sends and completes.
     dirty: bool,
-    /// Reused by `flush`.
-    flush_keys: Vec<(u16, SocketAddr)>,
+    /// The earliest timer of any connection (`u64::MAX`: none), valid unless `deadline_stale`.
+    deadline: u64,
+    /// A connection changed since `deadline` was computed.
+    pub deadline_stale: bool,
     pub gso: bool,
     pub busy_poll: bool,
     /// Keepalives released inside the engine, dropped by the caller after the engine is
@@ -179,13 +189,16 @@ impl Engine {
             next_internal: 1,
             counters: EngineCounters::default(),
             pcap,
-            rx_batch: RecvBatch::new(RX_BATCH, 65536),
+            rx_batch: Some(RecvBatch::new(RX_BATCH, 65536)),
             scratch: vec![0u8; 65536],
-            stages: HashMap::default(),
+            stages: Vec::new(),
+            stage_of: HashMap::default(),
+            queued: Vec::new(),
             qpn_list: Vec::new(),
-            flush_keys: Vec::new(),
             rounds: 0,
             dirty: true,
+            deadline: u64::MAX,
+            deadline_stale: true,
             gso,
             busy_poll,
             release: Vec::new(),
@@ -227,7 +240,10 @@ impl Engine {
         // idle spin is one timer check and one receive call (with a full round now and then).
         let now = self.now();
         self.rounds = self.rounds.wrapping_add(1);
-        let fired = self.run_timers(now);
+        if self.deadline_stale {
+            self.refresh_deadline();
+        }
+        let fired = now >= self.deadline && self.run_timers(now);
         let full = fired || self.dirty || self.rounds % 256 == 0;
         let mut busy = fired;
         if full {
@@ -249,14 +265,13 @@ impl Engine {
         }
         if full || got_any {
             busy |= self.drain_events() > 0;
+            self.deadline_stale = true;
         }
         if !busy && !wait.is_zero() && !self.busy_poll {
-            let mut timeout = wait.as_nanos() as u64;
-            for qp in self.qps.values() {
-                if let Some(t) = qp.conn.as_ref().and_then(|c| c.poll_timeout()) {
-                    timeout = timeout.min(t.saturating_sub(now));
-                }
+            if self.deadline_stale {
+                self.refresh_deadline();
             }
+            let timeout = (wait.as_nanos() as u64).min(self.deadline.saturating_sub(now));
             if timeout > 0 && self.rx.wait_readable_ns(timeout).unwrap_or(false) {
                 let now = self.now();
                 if self.receive(now) > 0 {
@@ -264,9 +279,20 @@ impl Engine {
                 }
                 busy |= self.transmit(now);
                 self.drain_events();
+                self.deadline_stale = true;
             }
         }
         busy
+    }
+
+    fn refresh_deadline(&mut self) {
+        self.deadline = self
+            .qps
+            .values()
+            .filter_map(|qp| qp.conn.as_ref()?.poll_timeout())
+            .min()
+            .unwrap_or(u64::MAX);
+        self.deadline_stale = false;
     }
 
     fn run_timers(&mut self, now: u64) -> bool {
@@ -284,7 +310,9 @@ impl Engine {
 
     /// Reads what waits on the receive socket and hands it to the connections.
     fn receive(&mut self, now: u64) -> usize {
-        let mut batch = std::mem::replace(&mut self.rx_batch, RecvBatch::new(0, 0));
+        let Some(mut batch) = self.rx_batch.take() else {
+            return 0;
+        };
         let n = match self.rx.recv_batch(&mut batch) {
             Ok(n) => n,
             Err(_) => {
@@ -309,7 +337,7 @@ impl Engine {
                 self.dispatch(now, meta, d);
             }
         }
-        self.rx_batch = batch;
+        self.rx_batch = Some(batch);
         n
     }
 
@@ -422,6 +450,7 @@ impl Engine {
     /// bulk transfer) the connection has nothing to give and this costs one check.
     pub fn kick(&mut self, qpn: u32) {
         self.dirty = true;
+        self.deadline_stale = true;
         let now = self.now();
         if self.transmit_qp(qpn, now) {
             self.flush();
@@ -480,18 +509,26 @@ impl Engine {
             );
         }
         let key = (src_port, dst);
-        let gso = self.gso;
+        let idx = match self.stage_of.get(&key) {
+            Some(&i) => i,
+            None => {
+                self.open_tx_socket(src_port, dst);
+                self.stages.push(Stage {
+                    key,
+                    buf: Vec::with_capacity(GSO_MAX_BYTES),
+                    msgs: Vec::with_capacity(TX_BATCH),
+                    data: false,
+                    queued: false,
+                });
+                self.stage_of.insert(key, self.stages.len() - 1);
+                self.stages.len() - 1
+            }
+        };
         if d.first() == Some(&Opcode::MrNack.to_u8()) {
             // A refusal must not fall behind the acknowledgements staged after it on other
             // paths (one could move the peer's window past the refused request): it leaves now,
             // after what its own path already holds.
-            self.flush_one(key);
-            self.stages.entry(key).or_insert_with(|| Stage {
-                buf: Vec::with_capacity(GSO_MAX_BYTES),
-                msgs: Vec::with_capacity(TX_BATCH),
-                data: false,
-            });
-            self.open_tx_socket(src_port, dst);
+            self.flush_one(idx);
             let sock = self.tx[&src_port].as_ref().unwrap_or(&self.rx);
             self.counters.tx_syscalls += 1;
             if sock.send(&dst, d, 0).is_err() {
@@ -499,13 +536,14 @@ impl Engine {
             }
             return;
         }
-        let s = self.stages.entry(key).or_insert_with(|| Stage {
-            buf: Vec::with_capacity(GSO_MAX_BYTES),
-            msgs: Vec::with_capacity(TX_BATCH),
-            data: false,
-        });
+        let gso = self.gso;
+        let s = &mut self.stages[idx];
         if s.msgs.is_empty() {
             s.data = false;
+        }
+        if !s.queued {
+            s.queued = true;
+            self.queued.push(idx);
         }
         s.data |= data;
         let start = s.buf.len();
@@ -528,26 +566,25 @@ impl Engine {
             });
         }
         if s.msgs.len() >= TX_BATCH {
-            self.flush_one(key);
+            self.flush_one(idx);
         }
     }
 
     fn flush(&mut self) {
         // Payload before acknowledgements: an answer to a ping should not wait behind an ACK.
-        let mut keys = std::mem::take(&mut self.flush_keys);
-        keys.clear();
+        let queued = std::mem::take(&mut self.queued);
         for data_pass in [true, false] {
-            keys.extend(
-                self.stages
-                    .iter()
-                    .filter(|(_, s)| !s.msgs.is_empty() && s.data == data_pass)
-                    .map(|(k, _)| *k),
-            );
+            for &i in &queued {
+                if self.stages[i].data == data_pass {
+                    self.flush_one(i);
+                }
+            }
         }
-        for &k in &keys {
-            self.flush_one(k);
+        for &i in &queued {
+            self.stages[i].queued = false;
         }
-        self.flush_keys = keys;
+        self.queued = queued;
+        self.queued.clear();
     }
 
     /// The socket of source port `src_port`, bound (and connected to `dst`) on first use; the
@@ -575,12 +612,12 @@ impl Engine {
         }
     }
 
-    fn flush_one(&mut self, key: (u16, SocketAddr)) {
-        let Some(mut s) = self.stages.remove(&key) else {
+    fn flush_one(&mut self, idx: usize) {
+        let s = &mut self.stages[idx];
+        if s.msgs.is_empty() {
             return;
-        };
-        let (src_port, dst) = key;
-        self.open_tx_socket(src_port, dst);
+        }
+        let (src_port, dst) = s.key;
         let sock = self.tx[&src_port].as_ref().unwrap_or(&self.rx);
         let mut runs: &[Run] = &s.msgs;
         while !runs.is_empty() {
@@ -621,7 +658,6 @@ impl Engine {
         }
         s.buf.clear();
         s.msgs.clear();
-        self.stages.insert(key, s);
     }
 
     /// Moves the connections' events into their completion queues; returns how many

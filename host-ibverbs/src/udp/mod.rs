@@ -215,12 +215,25 @@ impl Context {
     /// Runs `f` on the engine, then drops what the engine released (outside the borrow: a
     /// released memory region deregisters itself from the engine).
     fn with<R>(&self, f: impl FnOnce(&mut Engine) -> R) -> R {
-        let (r, released) = {
+        let (r, mut released) = {
             let mut e = self.inner.engine.borrow_mut();
             let r = f(&mut e);
-            (r, std::mem::take(&mut e.release))
+            let released = if e.release.is_empty() {
+                Vec::new()
+            } else {
+                std::mem::take(&mut e.release)
+            };
+            (r, released)
         };
-        drop(released);
+        if !released.is_empty() {
+            // Dropped outside the engine (a last reference may deregister a region), and the
+            // list handed back so that completing does not allocate.
+            released.clear();
+            let mut e = self.inner.engine.borrow_mut();
+            if e.release.capacity() == 0 {
+                e.release = released;
+            }
+        }
         r
     }
 
@@ -696,6 +709,7 @@ impl QueuePair {
             }
             qp.conn = Some(conn);
             qp.peer = Some(remote.addr);
+            e.deadline_stale = true;
             Ok(())
         })
     }
@@ -787,6 +801,7 @@ impl QueuePair {
                 .ok_or(Error::new(op, ErrorKind::NotConnected))?;
             f(conn, id, now).map_err(|p| Error::new(op, ErrorKind::Post(p)))?;
             qp.pending.insert(id, Pending { user_id, keep });
+            e.deadline_stale = true;
             e.next_internal += 1;
             if doorbell {
                 e.kick(qpn);

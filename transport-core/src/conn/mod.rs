@@ -1271,13 +1271,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let cum = PathSeq(ack.cum_seq);
         let (una, next) = (self.paths[i].una, self.paths[i].next_seq);
         // The highest transmission this ACK reports as arrived.
-        let mut highest = cum.add(u32::MAX); // cum - 1
-        for bit in (0..SACK_BITS).rev() {
-            if ack.sack[bit / 8] & (1 << (bit % 8)) != 0 {
-                highest = cum.add(1 + bit as u32);
-                break;
-            }
-        }
+        let highest = match highest_sack_bit(&ack.sack) {
+            Some(bit) => cum.add(1 + bit as u32),
+            None => cum.add(u32::MAX), // cum - 1
+        };
         let mut newly_acked = false;
         let mut s = una;
         while s != next && !highest.before(s) {
@@ -1829,6 +1826,13 @@ fn post_inc(x: &mut u32) -> u32 {
     v
 }
 
+/// The highest bit set in a SACK bitvector (bit `b` is byte `b / 8`, bit `b % 8`), a byte at a
+/// time from the top.
+fn highest_sack_bit(sack: &[u8]) -> Option<usize> {
+    let (i, b) = sack.iter().enumerate().rev().find(|(_, b)| **b != 0)?;
+    Some(i * 8 + 7 - b.leading_zeros() as usize)
+}
+
 fn rtt_sample(p: &mut TxPath, rtt: u64) {
     if p.stats.rtt_min == 0 || rtt < p.stats.rtt_min {
         p.stats.rtt_min = rtt.max(1);
@@ -1892,6 +1896,25 @@ pub fn compute_icrc(
             ip[8..24].copy_from_slice(&v6(s));
             ip[24..40].copy_from_slice(&v6(d));
             icrc::compute(&ip, &udp, transport)
+        }
+    }
+}
+
+#[cfg(test)]
+mod unit {
+    use super::highest_sack_bit;
+
+    #[test]
+    fn highest_sack_bit_matches_a_bit_by_bit_scan() {
+        let slow = |s: &[u8; 32]| (0..256).rev().find(|b| s[b / 8] & (1 << (b % 8)) != 0);
+        let mut s = [0u8; 32];
+        assert_eq!(highest_sack_bit(&s), None);
+        for b in 0..256 {
+            s = [0; 32];
+            s[b / 8] |= 1 << (b % 8);
+            s[0] |= 1; // a lower bit set too
+            assert_eq!(highest_sack_bit(&s), Some(b), "bit {b}");
+            assert_eq!(highest_sack_bit(&s), slow(&s));
         }
     }
 }
