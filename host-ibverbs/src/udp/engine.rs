@@ -152,6 +152,8 @@ pub(crate) struct Engine {
     stage_of: HashMap<(u16, SocketAddr), usize>,
     /// Stages holding datagrams, to be flushed.
     queued: Vec<usize>,
+    /// Datagrams the next receive call asks for (1 to `RX_BATCH`).
+    rx_want: usize,
     /// Reused by `transmit` (no allocation per round).
     qpn_list: Vec<u32>,
     /// Progress rounds so far.
@@ -196,6 +198,7 @@ impl Engine {
             queued: Vec::new(),
             qpn_list: Vec::new(),
             rounds: 0,
+            rx_want: 1,
             dirty: true,
             deadline: u64::MAX,
             deadline_stale: true,
@@ -250,10 +253,19 @@ impl Engine {
             self.dirty = false;
             busy |= self.transmit(now);
         }
+        // Datagrams asked for per call: one while they come one at a time (a ping-pong: no
+        // second attempt on an empty queue inside the call, and an answer is handed over before
+        // what arrived after it is read), doubling while every call fills up, to a full batch.
         let mut got_any = false;
         for _ in 0..RX_ROUNDS {
-            let got = self.receive(now);
+            let want = self.rx_want;
+            let got = self.receive(now, want);
             got_any |= got > 0;
+            if got == want {
+                self.rx_want = (want * 2).min(RX_BATCH);
+            } else if got > 0 {
+                self.rx_want = got.max(1) / 2 + 1;
+            }
             if got < RX_BATCH {
                 break;
             }
@@ -274,7 +286,7 @@ impl Engine {
             let timeout = (wait.as_nanos() as u64).min(self.deadline.saturating_sub(now));
             if timeout > 0 && self.rx.wait_readable_ns(timeout).unwrap_or(false) {
                 let now = self.now();
-                if self.receive(now) > 0 {
+                if self.receive(now, RX_BATCH) > 0 {
                     busy = true;
                 }
                 busy |= self.transmit(now);
@@ -309,11 +321,11 @@ impl Engine {
     }
 
     /// Reads what waits on the receive socket and hands it to the connections.
-    fn receive(&mut self, now: u64) -> usize {
+    fn receive(&mut self, now: u64, want: usize) -> usize {
         let Some(mut batch) = self.rx_batch.take() else {
             return 0;
         };
-        let n = match self.rx.recv_batch(&mut batch) {
+        let n = match self.rx.recv_batch(&mut batch, want) {
             Ok(n) => n,
             Err(_) => {
                 self.counters.rx_errors += 1;
@@ -438,7 +450,7 @@ impl Engine {
         qpns.extend(self.qps.keys().copied());
         let mut sent = false;
         for &qpn in &qpns {
-            sent |= self.transmit_qp(qpn, now);
+            sent |= self.transmit_qp(qpn, now, false);
         }
         self.qpn_list = qpns;
         self.flush();
@@ -452,20 +464,29 @@ impl Engine {
         self.dirty = true;
         self.deadline_stale = true;
         let now = self.now();
-        if self.transmit_qp(qpn, now) {
+        // Data first, sent at once; then what else waits (the ACKs of what arrived).
+        if self.transmit_qp(qpn, now, true) {
+            self.flush();
+        }
+        if self.transmit_qp(qpn, now, false) {
             self.flush();
         }
     }
 
-    /// Stages everything one queue pair has to send.
-    fn transmit_qp(&mut self, qpn: u32, now: u64) -> bool {
+    /// Stages everything one queue pair has to send (only data packets with `data_only`).
+    fn transmit_qp(&mut self, qpn: u32, now: u64, data_only: bool) -> bool {
         let mut sent = false;
         let mut scratch = std::mem::take(&mut self.scratch);
         while let Some(qp) = self.qps.get_mut(&qpn) {
             let (Some(conn), Some(peer)) = (qp.conn.as_mut(), qp.peer) else {
                 break;
             };
-            let Some(tx) = conn.poll_transmit(now, &mut scratch) else {
+            let next = if data_only {
+                conn.poll_transmit_data(now, &mut scratch)
+            } else {
+                conn.poll_transmit(now, &mut scratch)
+            };
+            let Some(tx) = next else {
                 break;
             };
             if tx.payload_len > 0 {

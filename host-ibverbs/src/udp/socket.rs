@@ -429,9 +429,9 @@ impl UdpSocket {
 
     /// Receives up to a batch's capacity of messages in one call without blocking; returns how
     /// many arrived (0 when none were waiting). Read them with [`RecvBatch::get`].
-    pub fn recv_batch(&self, batch: &mut RecvBatch) -> io::Result<usize> {
-        let n = batch.hdrs.len();
-        for h in batch.hdrs.iter_mut() {
+    pub fn recv_batch(&self, batch: &mut RecvBatch, max: usize) -> io::Result<usize> {
+        let n = batch.hdrs.len().min(max);
+        for h in batch.hdrs[..n].iter_mut() {
             // The kernel shrinks these to what it wrote: give the full room back.
             h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             h.msg_hdr.msg_controllen = size_of::<[u64; 8]>() as _;
@@ -534,7 +534,7 @@ mod tests {
         let mut out = Vec::new();
         for _ in 0..100 {
             let _ = s.wait_readable_ns(50_000_000);
-            let n = s.recv_batch(&mut batch).unwrap();
+            let n = s.recv_batch(&mut batch, usize::MAX).unwrap();
             for i in 0..n {
                 let (d, m) = batch.get(i);
                 out.push((d.to_vec(), m));

@@ -748,6 +748,20 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         self.transmit_new(now, buf)
     }
 
+    /// Like [`Connection::poll_transmit`], but only data packets (retransmissions first, then
+    /// new ones), leaving acknowledgements and probes for the next `poll_transmit`: a runner that
+    /// has just been handed a request sends its data before the ACKs that wait, so that an answer
+    /// to a ping does not wait while they are built.
+    pub fn poll_transmit_data(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        if buf.len() < self.cfg.mtu as usize + 128 {
+            return None;
+        }
+        if let Some(t) = self.transmit_retx(now, buf) {
+            return Some(t);
+        }
+        self.transmit_new(now, buf)
+    }
+
     fn bth(&self, opcode: Opcode, psn: Psn, pad: u8, ack_req: bool) -> BthRepr {
         BthRepr {
             opcode,
