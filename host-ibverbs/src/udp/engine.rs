@@ -460,10 +460,9 @@ impl Engine {
     /// Sends at once what a queue pair can send, right after a post (a doorbell): an answer to
     /// a ping leaves without waiting for the next round of the loop. When the window is full (a
     /// bulk transfer) the connection has nothing to give and this costs one check.
-    pub fn kick(&mut self, qpn: u32) {
+    pub fn kick(&mut self, qpn: u32, now: u64) {
         self.dirty = true;
         self.deadline_stale = true;
-        let now = self.now();
         // Data first, sent at once; then what else waits (the ACKs of what arrived).
         if self.transmit_qp(qpn, now, true) {
             self.flush();

@@ -804,7 +804,7 @@ impl QueuePair {
             e.deadline_stale = true;
             e.next_internal += 1;
             if doorbell {
-                e.kick(qpn);
+                e.kick(qpn, now);
             }
             Ok(())
         })

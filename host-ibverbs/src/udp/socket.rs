@@ -370,8 +370,25 @@ impl UdpSocket {
                 "run outside the buffer",
             ));
         }
-        let (mut storage, len) = to_raw(dst);
         let named = self.peer != Some(*dst);
+        if n == 1 && !named && !(runs[0].segment > 0 && runs[0].len > runs[0].segment) {
+            // One plain datagram on a connected socket: send(2), without sendmmsg's headers.
+            let r = runs[0];
+            // SAFETY: the range was checked against `buf` above; the kernel only reads it.
+            let sent = unsafe {
+                libc::send(
+                    self.fd.as_raw_fd(),
+                    buf[r.start..].as_ptr().cast(),
+                    r.len,
+                    0,
+                )
+            };
+            if sent < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            return Ok(1);
+        }
+        let (mut storage, len) = to_raw(dst);
         // SAFETY: CMSG_SPACE is a pure computation.
         let space = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
         assert!(space <= size_of::<[u64; 4]>());
@@ -436,21 +453,36 @@ impl UdpSocket {
             h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
             h.msg_hdr.msg_controllen = size_of::<[u64; 8]>() as _;
         }
-        // SAFETY: every header points at the batch's own names, iovecs, controls and buffers,
-        // heap allocations that live as long as the batch and do not move with it.
-        let got = unsafe {
-            libc::recvmmsg(
-                self.fd.as_raw_fd(),
-                batch.hdrs.as_mut_ptr(),
-                n as libc::c_uint,
-                libc::MSG_DONTWAIT,
-                std::ptr::null_mut(),
-            )
+        // SAFETY (both calls): every header points at the batch's own names, iovecs, controls
+        // and buffers, heap allocations that live as long as the batch and do not move with it.
+        let got = if n == 1 {
+            // One datagram asked for: recvmsg(2), without recvmmsg's header array.
+            let h = &mut batch.hdrs[0];
+            // SAFETY: as above, for the first header.
+            let len =
+                unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut h.msg_hdr, libc::MSG_DONTWAIT) };
+            if len >= 0 {
+                h.msg_len = len as libc::c_uint;
+                1
+            } else {
+                -1
+            }
+        } else {
+            // SAFETY: as above.
+            unsafe {
+                libc::recvmmsg(
+                    self.fd.as_raw_fd(),
+                    batch.hdrs.as_mut_ptr(),
+                    n as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                )
+            }
         };
         if got < 0 {
             let err = io::Error::last_os_error();
-            return match err.kind() {
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(0),
+            return match err.raw_os_error() {
+                Some(libc::EAGAIN | libc::EINTR) => Ok(0),
                 _ => Err(err),
             };
         }
