@@ -221,11 +221,18 @@ fn ecn_marks_set_in_the_kernel_reach_both_ends() {
         echoed > 0,
         "the receiver's ACKs carried the marks back to the sender"
     );
+    // And the sender's congestion controller acted on them: windows were halved.
+    let cuts = p.client_json()[0]["cwnd_cuts"].as_u64().unwrap();
+    assert!(
+        cuts > 0 && cuts <= echoed,
+        "{cuts} window cuts for {echoed} marks"
+    );
     // Unmarked, nothing is reported: the marks are the kernel's, not ours.
     let h = Hosts::new();
     let p = h.run("write-bw", &["-s", "1048576", "-n", "16"]);
     assert_success(&p);
     assert_eq!(server_device_counter(&p, "rx_ecn_ce"), 0);
+    assert_eq!(p.client_json()[0]["cwnd_cuts"], 0);
 }
 
 #[test]

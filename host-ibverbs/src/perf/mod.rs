@@ -225,6 +225,7 @@ impl Report {
                 "retransmits": r.retransmits,
                 "rnr_retries": r.rnr_retries,
                 "ecn_marks_echoed": r.ecn_marks_echoed,
+                "cwnd_cuts": r.cwnd_cuts,
                 "paths_used": r.paths_used,
             }),
             Report::Lat(r) => json!({

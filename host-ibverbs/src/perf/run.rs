@@ -37,6 +37,8 @@ pub struct BwResult {
     pub rnr_retries: u64,
     /// Congestion Experienced marks the peer reported back, all connections.
     pub ecn_marks_echoed: u64,
+    /// Times a path's congestion window was halved for those marks, all connections.
+    pub cwnd_cuts: u64,
     /// Paths that carried packets, on the connection that used the fewest.
     pub paths_used: usize,
 }
@@ -65,6 +67,7 @@ impl BwResult {
             retransmits: parts.iter().map(|p| p.retransmits).sum(),
             rnr_retries: parts.iter().map(|p| p.rnr_retries).sum(),
             ecn_marks_echoed: parts.iter().map(|p| p.ecn_marks_echoed).sum(),
+            cwnd_cuts: parts.iter().map(|p| p.cwnd_cuts).sum(),
             paths_used: parts.iter().map(|p| p.paths_used).min().unwrap_or(0),
         }
     }
@@ -254,6 +257,7 @@ pub(super) fn client_phase(
     };
     let before = sum(|c| c.retransmitted);
     let ecn_before = sum(|c| c.ecn_marks_echoed);
+    let cuts_before = sum(|c| c.cwnd_cuts);
     let rnr_before = sum(|c| c.rnr_retries);
     let ph = Phase {
         bufs: &bufs,
@@ -271,6 +275,7 @@ pub(super) fn client_phase(
         r.retransmits = (sum(|c| c.retransmitted) - before).saturating_sub(rnr);
         r.rnr_retries = rnr;
         r.ecn_marks_echoed = sum(|c| c.ecn_marks_echoed) - ecn_before;
+        r.cwnd_cuts = sum(|c| c.cwnd_cuts) - cuts_before;
         r.paths_used = ep
             .ctx
             .snapshot()
@@ -455,6 +460,7 @@ fn client_bw(
             retransmits: 0,
             rnr_retries: 0,
             ecn_marks_echoed: 0,
+            cwnd_cuts: 0,
             paths_used: 0,
         },
         done,

@@ -101,6 +101,7 @@ pub fn connection_named(c: &Counters) -> Vec<(&'static str, u64)> {
         ("access_violations", c.access_violations),
         ("ecn_ce_received", c.ecn_ce_received),
         ("ecn_marks_echoed", c.ecn_marks_echoed),
+        ("cwnd_cuts", c.cwnd_cuts),
         ("probes_sent", c.probes_sent),
         ("path_failures", c.path_failures),
     ]
@@ -137,6 +138,8 @@ pub fn to_json(pid: u32, name: &str, engine: &EngineCounters, qps: &[QpSnapshot]
                         "rtt_min_ns": p.rtt_min,
                         "rtt_smoothed_ns": p.rtt_smoothed,
                         "ecn_marks": p.ecn_marks,
+                        "cwnd": p.cwnd,
+                        "cwnd_cuts": p.cwnd_cuts,
                         "failures": p.failures,
                     })
                 })
@@ -174,7 +177,7 @@ pub fn to_text(v: &Value) -> String {
         }
         for p in q["paths"].as_array().into_iter().flatten() {
             s.push_str(&format!(
-                "     path{}: port {} {} tx {} retx {} lost {} rtt_min {:.1}us srtt {:.1}us ecn {}\n",
+                "     path{}: port {} {} tx {} retx {} lost {} rtt_min {:.1}us srtt {:.1}us ecn {} cwnd {} cuts {}\n",
                 p["path"],
                 p["src_port"],
                 p["state"].as_str().unwrap_or("?"),
@@ -184,6 +187,8 @@ pub fn to_text(v: &Value) -> String {
                 p["rtt_min_ns"].as_f64().unwrap_or(0.0) / 1000.0,
                 p["rtt_smoothed_ns"].as_f64().unwrap_or(0.0) / 1000.0,
                 p["ecn_marks"],
+                p["cwnd"],
+                p["cwnd_cuts"],
             ));
         }
     }

@@ -16,7 +16,12 @@
 //!   only when that cumulative PSN has passed it.
 //! - Streams (const `S`): completions are delivered in order within a stream, never held up by
 //!   another stream. A Send matches the receive buffer posted for its message sequence number.
-//! - The congestion window is a plain per-path packet count from [`Config`] for now.
+//! - Congestion: every path has its own window, AIMD on ECN. An ACK that reports CE marks halves
+//!   the window of the path that carried them (at most once per that path's RTT); unmarked ACKs
+//!   grow it by one packet per window acknowledged, up to [`Config::window_per_path`]. New packets
+//!   go round-robin to paths with room, so a marked path carries less and its share moves to the
+//!   clear ones. Loss alone does not shrink a window: the fabric is lossy by design, and
+//!   timeouts lead to probing and failover instead.
 //!
 //! Capacities: `W` packets in flight per connection (and the receive PSN window), `Q` messages in
 //! flight and receive buffers per stream, `R` memory regions. Every operation is bounded by them.
@@ -77,7 +82,8 @@ pub struct Config {
     pub initial_psn: Psn,
     /// The first PSN the peer sends.
     pub peer_initial_psn: Psn,
-    /// Packets in flight per path (at most 255): the congestion window, fixed for now.
+    /// Packets in flight per path at most (up to 255): where each path's congestion window
+    /// starts and the most it grows to.
     pub window_per_path: u32,
     /// Retransmission timeout with few packets in flight.
     pub rto_low: u64,
@@ -243,8 +249,15 @@ struct TxPath {
     tail_probe_at: Instant,
     /// The retransmission timer runs from the later of this and the oldest transmission.
     timer_from: Instant,
+    /// Congestion window, 1/256 packet units ([`CWND_ONE`] is one packet).
+    cwnd: u32,
+    /// When the window was last halved for ECN marks.
+    cwnd_cut_at: Option<Instant>,
     stats: PathStats,
 }
+
+/// One packet in congestion window units.
+const CWND_ONE: u32 = 256;
 
 #[derive(Debug, Clone, Copy)]
 struct RxPath {
@@ -377,6 +390,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             tail_probe_ts: None,
             tail_probe_at: 0,
             timer_from: 0,
+            cwnd: cfg.window_per_path * CWND_ONE,
+            cwnd_cut_at: None,
             stats: PathStats {
                 src_port: entropy_port(cfg.entropy_seed, i as u8, 0),
                 active: i < usize::from(cfg.paths),
@@ -451,6 +466,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         s.active = path < usize::from(self.cfg.paths) && p.state == PathState::Active;
         s.in_flight = p.next_seq.diff(p.una) as u32;
         s.rtt_smoothed = p.srtt;
+        s.cwnd = p.cwnd / CWND_ONE;
         Some(s)
     }
 
@@ -922,7 +938,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         for k in 0..n {
             let i = (self.rr + k) % n;
             let p = &self.paths[i];
-            let room = (p.next_seq.diff(p.una) as u32) < self.cfg.window_per_path;
+            let room = (p.next_seq.diff(p.una) as u32) < (p.cwnd / CWND_ONE).max(1);
             if p.state != PathState::Active || !room {
                 continue;
             }
@@ -1274,6 +1290,28 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         self.complete_in_order();
     }
 
+    /// ECN AIMD on path `i`: an ACK reporting marks halves its window, at most once per RTT
+    /// (a window's worth of marks is one congestion event); unmarked ACKs add one packet per
+    /// window acknowledged.
+    fn congestion(&mut self, i: usize, now: Instant, marked: bool, acked: u32) {
+        let max = self.cfg.window_per_path * CWND_ONE;
+        let rto_low = self.cfg.rto_low;
+        let p = &mut self.paths[i];
+        if marked {
+            // The smoothed RTT once there is a sample (it may round to 0 on a local link).
+            let rtt = if p.stats.rtt_min > 0 { p.srtt } else { rto_low };
+            if p.cwnd > CWND_ONE && p.cwnd_cut_at.is_none_or(|t| now.saturating_sub(t) >= rtt) {
+                p.cwnd = (p.cwnd / 2).max(CWND_ONE);
+                p.cwnd_cut_at = Some(now);
+                p.stats.cwnd_cuts += 1;
+                self.counters.cwnd_cuts += 1;
+            }
+        } else if acked > 0 && p.cwnd < max {
+            let inc = (acked.min(PATH_RING as u32) * CWND_ONE * CWND_ONE / p.cwnd).max(1);
+            p.cwnd = (p.cwnd + inc).min(max);
+        }
+    }
+
     fn on_ack(&mut self, now: Instant, cum_psn: Psn, ack: &MrAckRepr) {
         let i = usize::from(ack.path_id);
         if i >= usize::from(self.cfg.paths) {
@@ -1290,6 +1328,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             None => cum.add(u32::MAX), // cum - 1
         };
         let mut newly_acked = false;
+        let mut acked_now = 0u32;
         let mut s = una;
         while s != next && !highest.before(s) {
             let slot = s.0 as usize % PATH_RING;
@@ -1304,6 +1343,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 if arrived {
                     self.paths[i].ring_psn[slot] = NO_PSN;
                     self.paths[i].stats.acked += 1;
+                    acked_now += 1;
                     let psn = Psn::new(raw);
                     let pk = &self.pkts[psn.get() as usize % W];
                     // Only the packet's latest transmission counts: an older one may have been
@@ -1325,6 +1365,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             s = s.add(1);
         }
         self.settle_path_una(i);
+        self.congestion(i, now, ack.ce_count > 0 || ack.ece, acked_now);
         let p = &mut self.paths[i];
         if newly_acked {
             p.timeouts_in_row = 0;

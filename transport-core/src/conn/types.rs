@@ -280,6 +280,8 @@ pub struct Counters {
     pub ecn_ce_received: u64,
     /// CE marks reported back by the peer's ACKs.
     pub ecn_marks_echoed: u64,
+    /// Times a path's congestion window was halved for ECN marks.
+    pub cwnd_cuts: u64,
     /// Probes sent.
     pub probes_sent: u64,
     /// Paths declared failed.
@@ -312,6 +314,10 @@ pub struct PathStats {
     pub rtt_smoothed: u64,
     /// CE marks the peer reported for it.
     pub ecn_marks: u64,
+    /// Congestion window now, packets.
+    pub cwnd: u32,
+    /// Times its window was halved for ECN marks.
+    pub cwnd_cuts: u64,
     /// Times it failed.
     pub failures: u64,
 }

@@ -24,6 +24,8 @@ pub struct Pair {
     pub now: u64,
     /// Datagrams in flight: (to_b, src_port, bytes).
     pub wire: Vec<(bool, u16, Vec<u8>)>,
+    /// Datagrams from `a` with these UDP source ports arrive marked Congestion Experienced.
+    pub ce_ports: Vec<u16>,
 }
 
 pub fn config(local: u8, remote: u8) -> Config {
@@ -51,6 +53,7 @@ impl Pair {
             b: side(2, 1),
             now: 0,
             wire: Vec::new(),
+            ce_ports: Vec::new(),
         }
     }
 
@@ -77,8 +80,9 @@ impl Pair {
         src_port: u16,
         bytes: &[u8],
     ) -> Result<Delivery, DropReason> {
+        let ce = to_b && self.ce_ports.contains(&src_port);
         let side = if to_b { &mut self.b } else { &mut self.a };
-        let d = side.conn.handle_datagram(self.now, src_port, false, bytes);
+        let d = side.conn.handle_datagram(self.now, src_port, ce, bytes);
         match d {
             Ok(Delivery::Place { addr, offset, len }) => {
                 let at = (addr - BASE) as usize;

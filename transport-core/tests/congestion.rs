@@ -1,0 +1,155 @@
+//! ECN AIMD per path: marks on one path shrink that path's window and move its share of new
+//! packets to the clear paths; without marks the windows stay at their maximum; once the marks
+//! stop, the window grows back.
+
+mod common;
+
+use common::{Pair, BASE, MEM};
+use transport_core::conn::{Access, Event, Region, RemoteAddr, Status, WorkRequest, WrOp};
+
+const KEY: u32 = 0x51;
+const LEN: u32 = 512 * 1024;
+
+fn pair() -> Pair {
+    let mut p = Pair::new();
+    p.b.conn
+        .register(Region {
+            key: KEY,
+            base: BASE,
+            len: MEM as u64,
+            access: Access::REMOTE_WRITE,
+        })
+        .unwrap();
+    p
+}
+
+/// Writes `LEN` bytes from `a` to `b` and checks they landed and completed.
+fn transfer(p: &mut Pair, id: u64) {
+    p.a.conn
+        .post(
+            p.now,
+            WorkRequest {
+                id,
+                op: WrOp::Write,
+                stream: 0,
+                local_addr: BASE,
+                len: LEN,
+                remote: RemoteAddr {
+                    va: BASE + MEM as u64 / 2,
+                    rkey: KEY,
+                },
+            },
+        )
+        .unwrap();
+    settle_over_delay(p, DELAY);
+    let half = MEM / 2;
+    assert!(p.b.mem[half..half + LEN as usize] == p.a.mem[..LEN as usize]);
+    assert!(p.a.events.iter().any(|e| matches!(
+        e,
+        Event::Completion(c) if c.id == id && c.status == Status::Success
+    )));
+}
+
+/// One-way delay of the virtual link, in 1 us rounds.
+const DELAY: u64 = 5;
+
+/// Runs both sides until idle over a link that holds every datagram `delay` rounds of 1 us.
+fn settle_over_delay(p: &mut Pair, delay: u64) {
+    let mut link: Vec<(u64, bool, u16, Vec<u8>)> = Vec::new();
+    for _ in 0..200_000 {
+        p.transmit();
+        let now = p.now;
+        link.extend(
+            std::mem::take(&mut p.wire)
+                .into_iter()
+                .map(|(to_b, port, d)| (now + delay * 1_000, to_b, port, d)),
+        );
+        let (due, later): (Vec<_>, Vec<_>) = link.into_iter().partition(|x| x.0 <= now);
+        link = later;
+        for (_, to_b, port, d) in due {
+            let _ = p.deliver(to_b, port, &d);
+        }
+        for side in [&mut p.a, &mut p.b] {
+            while let Some(e) = side.conn.poll_event() {
+                side.events.push(e);
+            }
+            if side.conn.poll_timeout().is_some_and(|t| t <= now) {
+                side.conn.handle_timeout(now);
+            }
+        }
+        if link.is_empty() && p.a.conn.is_idle() && p.b.conn.is_idle() {
+            return;
+        }
+        p.now += 1_000;
+    }
+    panic!("not idle after 200 ms of virtual time");
+}
+
+fn sent(p: &Pair) -> Vec<u64> {
+    (0..4)
+        .map(|i| p.a.conn.path_stats(i).unwrap().sent)
+        .collect()
+}
+
+#[test]
+fn without_marks_every_window_stays_at_its_maximum() {
+    let mut p = pair();
+    transfer(&mut p, 1);
+    let max = p.a.conn.config().window_per_path;
+    for i in 0..4 {
+        let s = p.a.conn.path_stats(i).unwrap();
+        assert_eq!((s.cwnd, s.cwnd_cuts), (max, 0), "path {i}");
+    }
+    assert_eq!(p.a.conn.counters().cwnd_cuts, 0);
+    let s = sent(&p);
+    assert!(s.iter().all(|&n| n >= 100), "spread evenly: {s:?}");
+}
+
+#[test]
+fn marks_on_one_path_shrink_its_window_and_steer_packets_away() {
+    let mut p = pair();
+    let marked = p.a.conn.path_stats(0).unwrap().src_port;
+    p.ce_ports.push(marked);
+    transfer(&mut p, 1);
+    let s0 = p.a.conn.path_stats(0).unwrap();
+    let max = p.a.conn.config().window_per_path;
+    assert!(s0.ecn_marks > 0);
+    // From 16 packets down to 1, halving at most once per round trip: four cuts, though
+    // every one of its packets came back marked.
+    assert_eq!((s0.cwnd, s0.cwnd_cuts), (1, 4), "{s0:?}");
+    assert!(s0.ecn_marks > 4 * s0.cwnd_cuts, "{s0:?}");
+    for i in 1..4 {
+        let s = p.a.conn.path_stats(i).unwrap();
+        assert_eq!((s.cwnd, s.cwnd_cuts), (max, 0), "clear path {i}");
+    }
+    let s = sent(&p);
+    assert!(
+        s[0] * 3 < s[1].min(s[2]).min(s[3]),
+        "the marked path carries a small share: {s:?}"
+    );
+    assert_eq!(p.a.conn.counters().cwnd_cuts, s0.cwnd_cuts);
+}
+
+#[test]
+fn the_window_grows_back_once_marks_stop() {
+    let mut p = pair();
+    let marked = p.a.conn.path_stats(0).unwrap().src_port;
+    p.ce_ports.push(marked);
+    transfer(&mut p, 1);
+    let low = p.a.conn.path_stats(0).unwrap().cwnd;
+    p.ce_ports.clear();
+    transfer(&mut p, 2);
+    let grown = p.a.conn.path_stats(0).unwrap().cwnd;
+    // About one packet per round trip: a few more transfers bring it to the maximum.
+    let max = p.a.conn.config().window_per_path;
+    for id in 3..10 {
+        transfer(&mut p, id);
+    }
+    let s0 = p.a.conn.path_stats(0).unwrap();
+    assert!(
+        low == 1 && grown > low + 4 && s0.cwnd == max,
+        "{low} -> {grown} -> {}",
+        s0.cwnd
+    );
+    assert_eq!(s0.cwnd_cuts, 4, "no cut without marks");
+}
