@@ -68,6 +68,13 @@ pub struct PerfArgs {
     /// The backend.
     #[arg(long, value_enum, default_value_t = Transport::Udp)]
     pub transport: Transport,
+    /// Verbs: the port of the RDMA device.
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    pub ib_port: u8,
+    /// Verbs: the GID index of the local address (`show_gids` lists them; RoCEv2 ones are
+    /// often 1 or 3).
+    #[arg(short = 'x', long = "gid-index", default_value_t = 0)]
+    pub gid_index: u8,
     /// UDP port to receive data on.
     #[arg(long, default_value_t = transport_core::wire::ROCEV2_PORT)]
     pub data_port: u16,
@@ -116,30 +123,33 @@ fn config(test: Test, a: &PerfArgs) -> Result<PerfConfig, String> {
     c.threads = a.threads;
     c.pcap = a.pcap.clone();
     c.bind = a.bind;
-    if let Some(dev) = &a.device {
-        let v6 = a.server.as_deref().is_some_and(|s| s.contains(':'));
-        c.bind = Some(devices::address_of(dev, v6).ok_or_else(|| {
-            format!("no interface {dev:?} with an IP address (see `metaroce devices`)")
-        })?);
+    c.ib_port = a.ib_port;
+    c.gid_index = a.gid_index;
+    match a.transport {
+        Transport::Verbs => {
+            c.transport = perf::Transport::Verbs;
+            c.device = a.device.clone();
+        }
+        Transport::Udp => {
+            if let Some(dev) = &a.device {
+                let v6 = a.server.as_deref().is_some_and(|s| s.contains(':'));
+                c.bind = Some(devices::address_of(dev, v6).ok_or_else(|| {
+                    format!("no interface {dev:?} with an IP address (see `metaroce devices`)")
+                })?);
+            }
+        }
     }
     Ok(c)
-}
-
-fn no_verbs() -> ExitCode {
-    match host_ibverbs::verbs_status() {
-        Ok(n) => eprintln!(
-            "metaroce: {n} RDMA device(s) found, but the perftest tools drive only the UDP \
-             transport so far; use --transport udp"
-        ),
-        Err(e) => eprintln!("metaroce: {e}; use --transport udp (the default)"),
-    }
-    ExitCode::from(1)
 }
 
 /// Runs one of the six tests.
 pub fn run_perf(test: Test, a: &PerfArgs) -> ExitCode {
     if a.transport == Transport::Verbs {
-        return no_verbs();
+        // Say plainly why not before any exchange starts.
+        if let Err(e) = host_ibverbs::verbs_status() {
+            eprintln!("metaroce: {e}; use --transport udp (the default)");
+            return ExitCode::from(1);
+        }
     }
     let cfg = match config(test, a) {
         Ok(c) => c,

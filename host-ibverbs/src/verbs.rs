@@ -428,6 +428,56 @@ impl MemoryRegion {
         // SAFETY: the registration is live.
         unsafe { self.inner.mr.as_ref().rkey }
     }
+
+    fn check(&self, offset: usize, len: usize) -> Result<(), VerbsError> {
+        if offset.checked_add(len).is_none_or(|e| e > self.len()) {
+            return Err(VerbsError::Invalid("range outside the memory region"));
+        }
+        Ok(())
+    }
+
+    /// Copies `data` into the region at `offset`.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), VerbsError> {
+        self.check(offset, data.len())?;
+        // SAFETY: the range lies inside the region's own allocation (checked); the NIC may
+        // write other parts of it at any time, so the memory is only ever copied, never
+        // borrowed as a Rust reference.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.inner.buf.as_ptr().add(offset),
+                data.len(),
+            )
+        };
+        Ok(())
+    }
+
+    /// Copies `out.len()` bytes of the region at `offset` into `out`.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), VerbsError> {
+        self.check(offset, out.len())?;
+        // SAFETY: as in `write`; `out` is the caller's memory, never region memory.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.inner.buf.as_ptr().add(offset),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
+        Ok(())
+    }
+}
+
+/// The name libibverbs gives a completion status (`IBV_WC_RETRY_EXC_ERR` is "transport retry
+/// counter exceeded").
+pub fn wc_status_name(status: u32) -> String {
+    // SAFETY: ibv_wc_status_str returns a static string for every value (an "unknown" one for
+    // values it does not know).
+    let p = unsafe { sys::ibv_wc_status_str(status) };
+    if p.is_null() {
+        return format!("status {status}");
+    }
+    // SAFETY: a NUL-terminated static string.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
 struct CqInner {

@@ -8,19 +8,19 @@
 //! received was right. Data is a pattern unique per connection and slot, so a misplaced packet
 //! fails verification.
 
+mod backend;
 mod run;
 
 use crate::oob::{Channel, Message, OobError};
-use crate::udp::{
-    self, Access, CompletionQueue, Context, DeviceConfig, MemoryRegion, ProtectionDomain, QpAttr,
-    QpInfo, QueuePair, RemoteAddr,
-};
+use crate::udp::{self, Access, RemoteAddr};
+use backend::{Endpoint, Mr};
 use serde_json::json;
 use std::fmt;
-use std::net::{IpAddr, SocketAddr, TcpListener};
+use std::net::{IpAddr, TcpListener};
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use backend::Transport;
 pub use run::{BwResult, LatResult};
 
 /// Which test.
@@ -116,6 +116,14 @@ pub struct PerfConfig {
     /// Bandwidth tests: worker threads per end, each with its own device (UDP socket and
     /// engine) and its share of the connections.
     pub threads: u32,
+    /// The backend.
+    pub transport: Transport,
+    /// Verbs: the RDMA device (default: the first).
+    pub device: Option<String>,
+    /// Verbs: the port.
+    pub ib_port: u8,
+    /// Verbs: the GID index of the local address (RoCEv2 GIDs are often 1 or 3).
+    pub gid_index: u8,
 }
 
 impl PerfConfig {
@@ -142,6 +150,10 @@ impl PerfConfig {
             progress: true,
             publish_stats: true,
             threads: 1,
+            transport: Transport::Udp,
+            device: None,
+            ib_port: 1,
+            gid_index: 0,
         }
     }
 
@@ -162,6 +174,9 @@ pub enum PerfError {
     Oob(OobError),
     /// The transport failed.
     Transport(udp::Error),
+    /// A verb failed.
+    #[cfg(feature = "verbs")]
+    Verbs(crate::verbs::VerbsError),
     /// A work request completed with an error.
     Completion(String),
     /// Nothing completed for too long.
@@ -177,6 +192,8 @@ impl fmt::Display for PerfError {
         match self {
             PerfError::Oob(e) => write!(f, "exchange: {e}"),
             PerfError::Transport(e) => write!(f, "{e}"),
+            #[cfg(feature = "verbs")]
+            PerfError::Verbs(e) => write!(f, "{e}"),
             PerfError::Completion(m) => write!(f, "completion error: {m}"),
             PerfError::Stalled(m) => write!(f, "stalled: {m}"),
             PerfError::Mismatch(m) => write!(f, "{m}"),
@@ -196,6 +213,13 @@ impl From<OobError> for PerfError {
 impl From<udp::Error> for PerfError {
     fn from(e: udp::Error) -> Self {
         PerfError::Transport(e)
+    }
+}
+
+#[cfg(feature = "verbs")]
+impl From<crate::verbs::VerbsError> for PerfError {
+    fn from(e: crate::verbs::VerbsError) -> Self {
+        PerfError::Verbs(e)
     }
 }
 
@@ -299,14 +323,6 @@ pub fn table_line(r: &Report, gbits: bool) -> String {
     }
 }
 
-/// Both ends' resources.
-pub(crate) struct Endpoint {
-    pub ctx: Context,
-    pub pd: ProtectionDomain,
-    pub cq: CompletionQueue,
-    pub qps: Vec<QueuePair>,
-}
-
 /// A peer's buffer.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RemoteBuf {
@@ -342,36 +358,7 @@ pub(crate) fn slots_for(size: usize, iters: u64, qps: u32, duration: bool) -> us
     }
 }
 
-fn encode_qps(qps: &[QueuePair]) -> String {
-    qps.iter()
-        .map(|q| {
-            let i = q.info();
-            format!("{}:{}", i.qpn, i.psn)
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-fn decode_qps(s: &str, addr: SocketAddr) -> Result<Vec<QpInfo>, OobError> {
-    s.split(',')
-        .map(|p| {
-            let (q, s) = p
-                .split_once(':')
-                .ok_or_else(|| OobError::Field(format!("qp {p:?}")))?;
-            Ok(QpInfo {
-                qpn: q
-                    .parse()
-                    .map_err(|_| OobError::Field(format!("qpn {q:?}")))?,
-                psn: s
-                    .parse()
-                    .map_err(|_| OobError::Field(format!("psn {s:?}")))?,
-                addr,
-            })
-        })
-        .collect()
-}
-
-pub(crate) fn encode_bufs(mrs: &[MemoryRegion]) -> String {
+pub(crate) fn encode_bufs(mrs: &[Mr]) -> String {
     mrs.iter()
         .map(|m| format!("{}:{}:{}", m.addr(), m.rkey(), m.len()))
         .collect::<Vec<_>>()
@@ -394,43 +381,6 @@ pub(crate) fn decode_bufs(s: &str) -> Result<Vec<RemoteBuf>, OobError> {
             })
         })
         .collect()
-}
-
-fn open_endpoint(
-    cfg: &PerfConfig,
-    local_ip: IpAddr,
-    fallback_port: bool,
-) -> Result<Endpoint, PerfError> {
-    let mut dc = DeviceConfig::new(local_ip);
-    dc.port = cfg.data_port;
-    dc.busy_poll = cfg.busy_poll;
-    dc.pcap = cfg.pcap.clone();
-    let ctx = match Context::open(&dc) {
-        Ok(c) => c,
-        Err(e)
-            if fallback_port
-                && matches!(&e.kind, udp::ErrorKind::Io { source, .. }
-                    if source.kind() == std::io::ErrorKind::AddrInUse) =>
-        {
-            // Both ends on one host: the server holds the port, take any other.
-            dc.port = 0;
-            Context::open(&dc)?
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let mtu = packet_mtu(cfg.mtu, local_ip)?;
-    let pd = ctx.alloc_pd();
-    let cq = ctx.create_cq();
-    let attr = QpAttr {
-        paths: cfg.paths,
-        mtu,
-        window_per_path: cfg.window,
-        ..QpAttr::default()
-    };
-    let qps = (0..cfg.qps)
-        .map(|_| pd.create_qp(&cq, &attr))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Endpoint { ctx, pd, cq, qps })
 }
 
 /// Bytes a packet adds to its payload: IP, UDP, BTH, the largest MetaRoCE data headers, pad
@@ -557,6 +507,7 @@ fn run_client_one(
     // free, any other if not, and sends its queue pairs.
     let mut hello = Message::new("hello")
         .with("test", cfg.test.name())
+        .with("transport", cfg.transport.name())
         .with("qps", cfg.qps)
         .with("paths", cfg.paths)
         .with("window", cfg.window)
@@ -567,24 +518,11 @@ fn run_client_one(
     }
     chan.send(&hello)?;
     let reply = chan.expect("hello", Some(Duration::from_secs(10)))?;
-    let data: SocketAddr = reply.get("data")?;
-    let peers = decode_qps(reply.text("qp")?, data)?;
-    if peers.len() != cfg.qps as usize {
-        return Err(PerfError::Mismatch(format!(
-            "the server made {} connections, {} were asked",
-            peers.len(),
-            cfg.qps
-        )));
-    }
-    let ep = open_endpoint(cfg, local_ip, true)?;
-    chan.send(
-        &Message::new("qps")
-            .with("data", ep.ctx.local_addr())
-            .with("qp", encode_qps(&ep.qps)),
-    )?;
-    for (q, p) in ep.qps.iter().zip(&peers) {
-        q.connect(p)?;
-    }
+    let (peer_data, peer_qps) = (reply.text("data")?, reply.text("qp")?);
+    let ep = Endpoint::open(cfg, local_ip, true)?;
+    let (data, qps) = ep.local_info();
+    chan.send(&Message::new("qps").with("data", data).with("qp", qps))?;
+    ep.connect(peer_data, peer_qps)?;
     let mut reports = Vec::new();
     for size in cfg.sizes() {
         let r = run::client_phase(cfg, &ep, &mut chan, size)?;
@@ -592,9 +530,7 @@ fn run_client_one(
         reports.push(r);
     }
     chan.send(&Message::new("bye"))?;
-    ep.ctx
-        .finish_pcap()
-        .map_err(|e| PerfError::Invalid(format!("capture: {e}")))?;
+    ep.finish()?;
     Ok(reports)
 }
 
@@ -713,6 +649,14 @@ fn serve_channel(
             test.name()
         )));
     }
+    // A client from before the field existed speaks udp.
+    let transport = hello.text("transport").unwrap_or("udp");
+    if transport != cfg.transport.name() {
+        return Err(PerfError::Mismatch(format!(
+            "the server runs over {}, the client asked for {transport}",
+            cfg.transport.name()
+        )));
+    }
     let mut mine = cfg.clone();
     // The client decides how many workers there are; each server thread serves one of them.
     mine.threads = 1;
@@ -729,21 +673,11 @@ fn serve_channel(
         .unwrap_or(chan.local_addr().map_err(OobError::Io)?.ip().to_canonical());
     // Several workers share the host: the first takes the data port, the others any port.
     let workers: u32 = hello.get("workers").unwrap_or(1);
-    let ep = open_endpoint(&mine, local_ip, workers > 1)?;
-    chan.send(
-        &Message::new("hello")
-            .with("data", ep.ctx.local_addr())
-            .with("qp", encode_qps(&ep.qps)),
-    )?;
+    let ep = Endpoint::open(&mine, local_ip, workers > 1)?;
+    let (data, qps) = ep.local_info();
+    chan.send(&Message::new("hello").with("data", data).with("qp", qps))?;
     let qps = chan.expect("qps", Some(Duration::from_secs(30)))?;
-    let data: SocketAddr = qps.get("data")?;
-    let peers = decode_qps(qps.text("qp")?, data)?;
-    if peers.len() != ep.qps.len() {
-        return Err(PerfError::Invalid("qp list length differs from qps".into()));
-    }
-    for (q, p) in ep.qps.iter().zip(&peers) {
-        q.connect(p)?;
-    }
+    ep.connect(qps.text("data")?, qps.text("qp")?)?;
     let mut served = Served {
         test,
         phases: 0,
@@ -761,12 +695,7 @@ fn serve_channel(
                 served.bytes_checked += bytes;
             }
             "bye" => {
-                served.stats = udp::stats::to_json(
-                    std::process::id(),
-                    &format!("metaroce {} server", test.name()),
-                    &ep.ctx.counters(),
-                    &ep.ctx.snapshot(),
-                );
+                served.stats = ep.stats_json(&format!("metaroce {} server", test.name()));
                 break;
             }
             other => {
@@ -774,9 +703,7 @@ fn serve_channel(
             }
         }
     }
-    ep.ctx
-        .finish_pcap()
-        .map_err(|e| PerfError::Invalid(format!("capture: {e}")))?;
+    ep.finish()?;
     Ok(served)
 }
 

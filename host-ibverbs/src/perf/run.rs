@@ -1,13 +1,11 @@
 //! The phases: what the client and the server do for one message size.
 
 use super::{
-    decode_bufs, encode_bufs, pattern, slots_for, Endpoint, PerfConfig, PerfError, RemoteBuf,
-    Report, Test, ALL_ACCESS,
+    decode_bufs, encode_bufs, pattern, slots_for, Endpoint, Mr, PerfConfig, PerfError, RemoteBuf,
+    Report, Test,
 };
 use crate::oob::{Channel, Message};
-use crate::udp::{
-    stats, CompletionKind, MemoryRegion, RemoteAddr, SendWr, Status, WorkCompletion, WrOp, STREAMS,
-};
+use crate::udp::{stats, CompletionKind, RemoteAddr, Status, WorkCompletion, WrOp, STREAMS};
 use std::time::{Duration, Instant};
 
 /// Results of a bandwidth phase.
@@ -104,9 +102,9 @@ const STALL: Duration = Duration::from_secs(15);
 
 struct Buffers {
     /// Own pattern, source of Writes and Sends, target of the peer's Reads.
-    src: Vec<MemoryRegion>,
+    src: Vec<Mr>,
     /// Target of the peer's Writes, destination of Reads and receives.
-    dst: Vec<MemoryRegion>,
+    dst: Vec<Mr>,
 }
 
 fn buffers(ep: &Endpoint, slots: usize, size: usize, seed: u64) -> Result<Buffers, PerfError> {
@@ -114,14 +112,14 @@ fn buffers(ep: &Endpoint, slots: usize, size: usize, seed: u64) -> Result<Buffer
     let mut src = Vec::new();
     let mut dst = Vec::new();
     let mut tmp = vec![0u8; size];
-    for q in 0..ep.qps.len() {
-        let s = ep.pd.reg_mr(bytes, ALL_ACCESS)?;
+    for q in 0..ep.len() {
+        let s = ep.reg_mr(bytes)?;
         for slot in 0..slots {
             pattern(&mut tmp, seed, q, slot);
             s.write(slot * size, &tmp)?;
         }
         src.push(s);
-        dst.push(ep.pd.reg_mr(bytes, ALL_ACCESS)?);
+        dst.push(ep.reg_mr(bytes)?);
     }
     Ok(Buffers { src, dst })
 }
@@ -139,6 +137,25 @@ fn check(wc: &WorkCompletion) -> Result<(), PerfError> {
             wc.qp_num,
             r.name()
         ))),
+    }
+}
+
+/// Posts one request that must find room (latency tests keep a few in flight).
+#[allow(clippy::too_many_arguments)]
+fn post_one(
+    ep: &Endpoint,
+    qp: usize,
+    id: u64,
+    op: WrOp,
+    mr: &Mr,
+    offset: usize,
+    len: usize,
+    remote: RemoteAddr,
+) -> Result<(), PerfError> {
+    if ep.post_send(qp, id, op, 0, mr, offset, len, remote)? {
+        Ok(())
+    } else {
+        Err(PerfError::Invalid("the send queue is full".into()))
     }
 }
 
@@ -172,34 +189,21 @@ impl Publisher {
         self.calls = self.calls.wrapping_add(1);
         if self.on && self.calls % 256 == 1 && self.last.elapsed() >= Duration::from_millis(500) {
             self.last = Instant::now();
-            let v = stats::to_json(
-                std::process::id(),
-                &self.name,
-                &ep.ctx.counters(),
-                &ep.ctx.snapshot(),
-            );
-            let _ = stats::publish(&v);
+            let _ = stats::publish(&ep.stats_json(&self.name));
         }
     }
 }
 
-fn matches(
-    mr: &MemoryRegion,
-    offset: usize,
-    tmp: &mut [u8],
-    seed: u64,
-    q: usize,
-    slot: usize,
-) -> bool {
+fn matches(mr: &Mr, offset: usize, tmp: &mut [u8], seed: u64, q: usize, slot: usize) -> bool {
     pattern(tmp, seed, q, slot);
-    mr.equals(offset, tmp).unwrap_or(false)
+    mr.equals(offset, tmp)
 }
 
 /// Waits for the peer's next message while keeping the transport going (acknowledgements and
 /// retransmissions still flow while the other end works).
 fn next_message(ep: &Endpoint, chan: &mut Channel) -> Result<Message, PerfError> {
     loop {
-        ep.ctx.progress(Duration::from_millis(1));
+        ep.progress(Duration::from_millis(1));
         if let Some(m) = chan.poll()? {
             return Ok(m);
         }
@@ -240,8 +244,8 @@ pub(super) fn client_phase(
     let peer_dst = decode_bufs(ready.text("dst")?)?;
     let peer_src = decode_bufs(ready.text("src")?)?;
     let need = (slots * size) as u64;
-    if peer_dst.len() != ep.qps.len()
-        || peer_src.len() != ep.qps.len()
+    if peer_dst.len() != ep.len()
+        || peer_src.len() != ep.len()
         || peer_dst.iter().chain(&peer_src).any(|b| b.len < need)
     {
         return Err(PerfError::Mismatch(format!(
@@ -253,7 +257,7 @@ pub(super) fn client_phase(
         cfg.publish_stats,
     );
     let sum = |f: fn(&transport_core::conn::Counters) -> u64| -> u64 {
-        ep.qps.iter().map(|q| f(&q.counters())).sum()
+        ep.conn_counters().iter().map(f).sum()
     };
     let before = sum(|c| c.retransmitted);
     let ecn_before = sum(|c| c.ecn_marks_echoed);
@@ -276,13 +280,7 @@ pub(super) fn client_phase(
         r.rnr_retries = rnr;
         r.ecn_marks_echoed = sum(|c| c.ecn_marks_echoed) - ecn_before;
         r.cwnd_cuts = sum(|c| c.cwnd_cuts) - cuts_before;
-        r.paths_used = ep
-            .ctx
-            .snapshot()
-            .iter()
-            .map(|q| q.paths.iter().filter(|p| p.sent > 0).count())
-            .min()
-            .unwrap_or(0);
+        r.paths_used = ep.paths_used();
         let counts_s = counts
             .iter()
             .map(u64::to_string)
@@ -340,7 +338,8 @@ fn client_bw(
         slots,
         ..
     } = *ph;
-    let q = ep.qps.len();
+    let q = ep.len();
+    let streams = ep.streams() as u64;
     let mut posted = vec![0u64; q];
     let mut done = vec![0u64; q];
     let depth = u64::from(cfg.tx_depth);
@@ -354,7 +353,7 @@ fn client_bw(
         let now = Instant::now();
         let elapsed = now - start;
         let stop = cfg.duration.is_some_and(|d| elapsed >= d);
-        for (i, qp) in ep.qps.iter().enumerate() {
+        for i in 0..q {
             while !stop
                 && posted[i] - done[i] < depth
                 && (cfg.duration.is_some() || posted[i] < cfg.iters)
@@ -366,29 +365,15 @@ fn client_bw(
                     Test::ReadBw => (WrOp::Read, &bufs.dst[i], peer_src[i].at(slot * size)),
                     _ => (WrOp::Send, &bufs.src[i], RemoteAddr::default()),
                 };
-                let wr = SendWr {
-                    wr_id: wr_id(i, n),
-                    op,
-                    stream: (n % STREAMS as u64) as u16,
-                    local: local.sge(slot * size, size),
-                    remote,
-                };
-                match qp.post_send(&wr) {
-                    Ok(()) => posted[i] += 1,
-                    Err(e)
-                        if matches!(
-                            e.kind,
-                            crate::udp::ErrorKind::Post(transport_core::conn::PostError::QueueFull)
-                        ) =>
-                    {
-                        break
-                    }
-                    Err(e) => return Err(e.into()),
+                let stream = (n % streams) as u16;
+                if !ep.post_send(i, wr_id(i, n), op, stream, local, slot * size, size, remote)? {
+                    break; // The send queue is full.
                 }
+                posted[i] += 1;
             }
         }
         wcs.clear();
-        ep.cq.poll(&mut wcs, 256);
+        ep.poll(&mut wcs, 256)?;
         if !wcs.is_empty() {
             last_completion = now;
             let b = elapsed.as_millis() as usize;
@@ -406,7 +391,7 @@ fn client_bw(
                 STALL.as_secs(),
                 done.iter().sum::<u64>(),
                 posted.iter().sum::<u64>(),
-                ep.ctx.counters()
+                ep.describe()
             )));
         }
         let finished = posted == done
@@ -484,12 +469,11 @@ fn client_lat(
         slots,
         seed,
     } = *ph;
-    let rbuf = ep.pd.reg_mr(LAT_RECVS * size.max(1), ALL_ACCESS)?;
-    let qp = &ep.qps[0];
+    let rbuf = ep.reg_mr(LAT_RECVS * size.max(1))?;
     let uses_recv = matches!(cfg.test, Test::WriteLat | Test::SendLat);
     if uses_recv {
         for b in 0..LAT_RECVS {
-            qp.post_recv(b as u64, 0, rbuf.sge(b * size, size))?;
+            ep.post_recv(0, b as u64, 0, &rbuf, b * size, size)?;
         }
     }
     let sseed = server_seed(seed);
@@ -512,20 +496,14 @@ fn client_lat(
         // Sends complete when acknowledged; keep the queue from filling with them.
         while outstanding_sends >= 64 {
             wcs.clear();
-            ep.cq.poll(&mut wcs, 64);
+            ep.poll(&mut wcs, 64)?;
             for wc in &wcs {
                 check(wc)?;
                 outstanding_sends -= 1;
             }
         }
         let t0 = Instant::now();
-        qp.post_send(&SendWr {
-            wr_id: wr_id(0, i),
-            op,
-            stream: 0,
-            local: local.sge(slot * size, size),
-            remote,
-        })?;
+        post_one(ep, 0, wr_id(0, i), op, local, slot * size, size, remote)?;
         if uses_recv {
             outstanding_sends += 1;
         }
@@ -533,7 +511,7 @@ fn client_lat(
         let mut spins = 0u32;
         let t = loop {
             wcs.clear();
-            ep.cq.poll(&mut wcs, 16);
+            ep.poll(&mut wcs, 16)?;
             let mut hit = None;
             for wc in &wcs {
                 check(wc)?;
@@ -548,7 +526,7 @@ fn client_lat(
                             verified &= wc.byte_len as usize == size
                                 && matches(&rbuf, b * size, &mut tmp, sseed, 0, slot);
                         }
-                        qp.post_recv(b as u64, 0, rbuf.sge(b * size, size))?;
+                        ep.post_recv(0, b as u64, 0, &rbuf, b * size, size)?;
                     }
                     CompletionKind::Read => {
                         hit = Some(t0.elapsed());
@@ -563,9 +541,9 @@ fn client_lat(
             spins = spins.wrapping_add(1);
             if spins % 1024 == 0 && t0.elapsed() > STALL {
                 return Err(PerfError::Stalled(format!(
-                    "no answer to ping {i} for {} s; counters {:?}",
+                    "no answer to ping {i} for {} s; counters {}",
                     STALL.as_secs(),
-                    ep.ctx.counters()
+                    ep.describe()
                 )));
             }
         };
@@ -576,7 +554,7 @@ fn client_lat(
     let end = Instant::now() + Duration::from_secs(5);
     while outstanding_sends > 0 && Instant::now() < end {
         wcs.clear();
-        ep.cq.poll(&mut wcs, 64);
+        ep.poll(&mut wcs, 64)?;
         for wc in &wcs {
             check(wc)?;
             if !matches!(wc.kind, CompletionKind::Recv | CompletionKind::RecvWriteImm) {
@@ -638,7 +616,8 @@ pub(super) fn server_phase(
     let client_dst = decode_bufs(go.text("dst")?)?;
     let sseed = server_seed(seed);
     let bufs = buffers(ep, slots, size, sseed)?;
-    let q = ep.qps.len();
+    let q = ep.len();
+    let streams = ep.streams();
     // Receive buffers.
     let recv_count = match cfg.test {
         Test::SendBw => ((64usize << 20) / q / size).clamp(STREAMS, STREAMS * 32),
@@ -646,18 +625,18 @@ pub(super) fn server_phase(
         _ => 0,
     };
     let mut rbufs = Vec::new();
-    for (i, qp) in ep.qps.iter().enumerate() {
+    for i in 0..q {
         if recv_count == 0 {
             break;
         }
-        let r = ep.pd.reg_mr(recv_count * size, ALL_ACCESS)?;
+        let r = ep.reg_mr(recv_count * size)?;
         for b in 0..recv_count {
             let stream = if cfg.test == Test::SendBw {
-                b % STREAMS
+                b % streams
             } else {
                 0
             };
-            qp.post_recv(wr_id(i, b as u64), stream as u16, r.sge(b * size, size))?;
+            ep.post_recv(i, wr_id(i, b as u64), stream as u16, &r, b * size, size)?;
         }
         rbufs.push(r);
     }
@@ -682,7 +661,7 @@ pub(super) fn server_phase(
     let mut spins = 0u32;
     loop {
         wcs.clear();
-        ep.cq.poll(&mut wcs, 64);
+        ep.poll(&mut wcs, 64)?;
         for wc in &wcs {
             check(wc)?;
             let i = qp_of(wc.wr_id);
@@ -690,14 +669,14 @@ pub(super) fn server_phase(
             match (cfg.test, wc.kind) {
                 (Test::SendBw, CompletionKind::Recv) => {
                     let s = usize::from(wc.stream);
-                    let m = s as u64 + STREAMS as u64 * per_stream[i][s];
+                    let m = s as u64 + streams as u64 * per_stream[i][s];
                     per_stream[i][s] += 1;
                     received[i] += 1;
                     let slot = (m % slots as u64) as usize;
                     ok &= wc.byte_len as usize == size
                         && matches(&rbufs[i], b * size, &mut tmp, seed, i, slot);
                     checked += size as u64;
-                    ep.qps[i].post_recv(wc.wr_id, wc.stream, rbufs[i].sge(b * size, size))?;
+                    ep.post_recv(i, wc.wr_id, wc.stream, &rbufs[i], b * size, size)?;
                 }
                 (
                     Test::WriteLat | Test::SendLat,
@@ -713,13 +692,8 @@ pub(super) fn server_phase(
                     } else {
                         (WrOp::Send, RemoteAddr::default())
                     };
-                    ep.qps[i].post_send(&SendWr {
-                        wr_id: wr_id(i, 1 << 40 | n),
-                        op,
-                        stream: 0,
-                        local: bufs.src[i].sge(slot * size, size),
-                        remote,
-                    })?;
+                    let id = wr_id(i, 1 << 40 | n);
+                    post_one(ep, i, id, op, &bufs.src[i], slot * size, size, remote)?;
                     ok &= if cfg.test == Test::WriteLat {
                         wc.imm == Some(n as u32)
                             && matches(&bufs.dst[i], slot * size, &mut tmp, seed, i, slot)
@@ -728,7 +702,7 @@ pub(super) fn server_phase(
                             && matches(&rbufs[i], b * size, &mut tmp, seed, i, slot)
                     };
                     checked += size as u64;
-                    ep.qps[i].post_recv(wc.wr_id, 0, rbufs[i].sge(b * size, size))?;
+                    ep.post_recv(i, wc.wr_id, 0, &rbufs[i], b * size, size)?;
                 }
                 _ => {}
             }
@@ -757,7 +731,7 @@ pub(super) fn server_phase(
                 Test::SendBw => received.iter().zip(counts).all(|(r, c)| r >= c),
                 _ => true,
             };
-            let idle = ep.qps.iter().all(|q| q.is_idle());
+            let idle = (0..q).all(|i| ep.is_idle(i));
             let late = done_at.is_some_and(|t| t.elapsed() > Duration::from_secs(5));
             if (all_in && idle) || late {
                 // Every message exactly once: more would mean a duplicate delivery.

@@ -138,6 +138,42 @@ fn a_server_running_another_test_says_so() {
 }
 
 #[test]
+fn a_server_on_another_transport_says_so() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut cfg = PerfConfig::new(Test::WriteBw);
+    cfg.port = listener.local_addr().unwrap().port();
+    cfg.data_port = 0;
+    let scfg = cfg.clone();
+    let server = std::thread::spawn(move || serve_one(&scfg, &listener));
+    cfg.server = Some("127.0.0.1".into());
+    cfg.transport = Transport::Verbs;
+    let err = run_client(&cfg, |_| {}).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "exchange: the peer reported: the server runs over udp, the client asked for verbs"
+    );
+    assert!(server.join().unwrap().is_err());
+}
+
+/// Without an RDMA device the verbs backend says so when the test opens it (this kernel has no
+/// RDMA support), and without the `verbs` feature it says how to get one.
+#[test]
+fn the_verbs_backend_names_what_is_missing() {
+    let mut cfg = PerfConfig::new(Test::WriteBw);
+    cfg.transport = Transport::Verbs;
+    let err = match Endpoint::open(&cfg, "127.0.0.1".parse().unwrap(), false) {
+        Err(e) => e.to_string(),
+        // A machine with an RDMA NIC opened it: nothing missing to name.
+        Ok(_) => return,
+    };
+    if cfg!(feature = "verbs") {
+        assert!(err.starts_with("no RDMA device"), "{err}");
+    } else {
+        assert!(err.contains("--features verbs"), "{err}");
+    }
+}
+
+#[test]
 fn patterns_differ_by_connection_and_slot() {
     let mut a = [0u8; 64];
     let mut b = [0u8; 64];
@@ -148,4 +184,32 @@ fn patterns_differ_by_connection_and_slot() {
     assert_ne!(a, b);
     pattern(&mut b, 1, 0, 0);
     assert_eq!(a, b);
+}
+
+/// Every test over a real RDMA NIC, client and server on the same device (loopback through the
+/// NIC). Compiled only when `METAROCE_VERBS_DEVICE` names a device at build time;
+/// `METAROCE_VERBS_GID` picks the GID index (default 3, a RoCEv2 IPv4 GID on ConnectX).
+#[cfg(all(feature = "verbs", metaroce_verbs_device))]
+#[test]
+fn every_test_over_a_real_rdma_device() {
+    let dev = std::env::var("METAROCE_VERBS_DEVICE").unwrap();
+    let gid = std::env::var("METAROCE_VERBS_GID").map_or(3, |g| g.parse().unwrap());
+    for test in [
+        Test::WriteBw,
+        Test::SendBw,
+        Test::ReadBw,
+        Test::WriteLat,
+        Test::SendLat,
+        Test::ReadLat,
+    ] {
+        let mut cfg = PerfConfig::new(test);
+        cfg.transport = Transport::Verbs;
+        cfg.device = Some(dev.clone());
+        cfg.gid_index = gid;
+        cfg.size = 4096;
+        cfg.iters = 500;
+        cfg.qps = if test.is_latency() { 1 } else { 2 };
+        let (reports, served) = run_pair(cfg);
+        assert!(reports[0].verified() && served.verified, "{test:?}");
+    }
 }

@@ -1,0 +1,635 @@
+//! What the tests run on: the UDP transport, or libibverbs on an RDMA NIC (feature `verbs`).
+//! Both offer the same few things to the test code: memory regions it can fill and check,
+//! posting sends and receives on the n-th connection, polling completions, and the strings the
+//! two ends trade to connect.
+
+use super::{PerfConfig, PerfError, ALL_ACCESS};
+use crate::oob::OobError;
+use crate::udp::{self, RemoteAddr, WorkCompletion, WrOp};
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+/// Which backend carries a test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// MetaRoCE over UDP sockets (runs anywhere).
+    Udp,
+    /// libibverbs on an RDMA NIC (RoCEv2 RC queue pairs).
+    Verbs,
+}
+
+impl Transport {
+    /// The name the exchange and the command line use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Udp => "udp",
+            Transport::Verbs => "verbs",
+        }
+    }
+
+    /// The transport named `s`.
+    pub fn from_name(s: &str) -> Option<Transport> {
+        match s {
+            "udp" => Some(Transport::Udp),
+            "verbs" => Some(Transport::Verbs),
+            _ => None,
+        }
+    }
+}
+
+/// A registered memory region of either backend.
+pub(crate) enum Mr {
+    Udp(udp::MemoryRegion),
+    #[cfg(feature = "verbs")]
+    Verbs(crate::verbs::MemoryRegion),
+}
+
+impl Mr {
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), PerfError> {
+        match self {
+            Mr::Udp(m) => m.write(offset, data).map_err(PerfError::from),
+            #[cfg(feature = "verbs")]
+            Mr::Verbs(m) => m.write(offset, data).map_err(PerfError::from),
+        }
+    }
+
+    /// Whether the region holds `data` at `offset` (false when the range is outside it).
+    pub fn equals(&self, offset: usize, data: &[u8]) -> bool {
+        match self {
+            Mr::Udp(m) => m.equals(offset, data).unwrap_or(false),
+            #[cfg(feature = "verbs")]
+            Mr::Verbs(m) => {
+                let mut got = vec![0u8; data.len()];
+                m.read(offset, &mut got).is_ok() && got == data
+            }
+        }
+    }
+
+    pub fn addr(&self) -> u64 {
+        match self {
+            Mr::Udp(m) => m.addr(),
+            #[cfg(feature = "verbs")]
+            Mr::Verbs(m) => m.addr(),
+        }
+    }
+
+    pub fn rkey(&self) -> u32 {
+        match self {
+            Mr::Udp(m) => m.rkey(),
+            #[cfg(feature = "verbs")]
+            Mr::Verbs(m) => m.rkey(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Mr::Udp(m) => m.len(),
+            #[cfg(feature = "verbs")]
+            Mr::Verbs(m) => m.len(),
+        }
+    }
+}
+
+struct UdpEp {
+    ctx: udp::Context,
+    pd: udp::ProtectionDomain,
+    cq: udp::CompletionQueue,
+    qps: Vec<udp::QueuePair>,
+}
+
+#[cfg(feature = "verbs")]
+struct VerbsEp {
+    // Field order is drop order: queue pairs before the CQ and PD, all before the device.
+    qps: Vec<crate::verbs::QueuePair>,
+    cq: crate::verbs::CompletionQueue,
+    pd: crate::verbs::ProtectionDomain,
+    ctx: crate::verbs::Context,
+    port: u8,
+    gid_index: u8,
+    gid: [u8; 16],
+    mtu: u32,
+    psns: Vec<u32>,
+    /// Scratch for polling.
+    wcs: std::cell::RefCell<Vec<crate::verbs::Wc>>,
+}
+
+enum Be {
+    Udp(UdpEp),
+    #[cfg(feature = "verbs")]
+    Verbs(VerbsEp),
+}
+
+/// One end's device, protection domain, completion queue and connections.
+pub(crate) struct Endpoint {
+    be: Be,
+}
+
+impl Endpoint {
+    /// Opens the backend `cfg` names with `cfg.qps` connections (not yet connected).
+    /// `local_ip` is the UDP transport's address; with `fallback_port` it takes any UDP port
+    /// when the data port is taken (both ends on one host).
+    pub fn open(
+        cfg: &PerfConfig,
+        local_ip: IpAddr,
+        fallback_port: bool,
+    ) -> Result<Endpoint, PerfError> {
+        match cfg.transport {
+            Transport::Udp => open_udp(cfg, local_ip, fallback_port),
+            Transport::Verbs => open_verbs(cfg),
+        }
+    }
+
+    /// Connections.
+    pub fn len(&self) -> usize {
+        match &self.be {
+            Be::Udp(u) => u.qps.len(),
+            #[cfg(feature = "verbs")]
+            Be::Verbs(v) => v.qps.len(),
+        }
+    }
+
+    /// Ordered streams per connection the tests spread messages over (RC has one).
+    pub fn streams(&self) -> usize {
+        match &self.be {
+            Be::Udp(_) => udp::STREAMS,
+            #[cfg(feature = "verbs")]
+            Be::Verbs(_) => 1,
+        }
+    }
+
+    pub fn reg_mr(&self, len: usize) -> Result<Mr, PerfError> {
+        match &self.be {
+            Be::Udp(u) => Ok(Mr::Udp(u.pd.reg_mr(len, ALL_ACCESS)?)),
+            #[cfg(feature = "verbs")]
+            Be::Verbs(v) => Ok(Mr::Verbs(v.pd.reg_mr(len, ALL_ACCESS)?)),
+        }
+    }
+
+    /// Posts `op` on connection `qp` from `len` bytes at `offset` of `mr`. `Ok(false)`: the
+    /// send queue is full, try again after polling.
+    #[allow(clippy::too_many_arguments)]
+    pub fn post_send(
+        &self,
+        qp: usize,
+        wr_id: u64,
+        op: WrOp,
+        stream: u16,
+        mr: &Mr,
+        offset: usize,
+        len: usize,
+        remote: RemoteAddr,
+    ) -> Result<bool, PerfError> {
+        match (&self.be, mr) {
+            (Be::Udp(u), Mr::Udp(m)) => {
+                let wr = udp::SendWr {
+                    wr_id,
+                    op,
+                    stream,
+                    local: m.sge(offset, len),
+                    remote,
+                };
+                match u.qps[qp].post_send(&wr) {
+                    Ok(()) => Ok(true),
+                    Err(e)
+                        if matches!(
+                            e.kind,
+                            udp::ErrorKind::Post(transport_core::conn::PostError::QueueFull)
+                        ) =>
+                    {
+                        Ok(false)
+                    }
+                    Err(e) => Err(e.into()),
+                }
+            }
+            #[cfg(feature = "verbs")]
+            (Be::Verbs(v), Mr::Verbs(m)) => {
+                let len = u32::try_from(len)
+                    .map_err(|_| PerfError::Invalid("message larger than 4 GiB".into()))?;
+                let wr = crate::verbs::SendWr {
+                    wr_id,
+                    op,
+                    mr: m,
+                    offset,
+                    len,
+                    remote,
+                };
+                match v.qps[qp].post_send(&wr) {
+                    Ok(()) => Ok(true),
+                    Err(crate::verbs::VerbsError::Verb { source, .. })
+                        if source.raw_os_error() == Some(libc::ENOMEM) =>
+                    {
+                        Ok(false)
+                    }
+                    Err(e) => Err(e.into()),
+                }
+            }
+            #[cfg(feature = "verbs")]
+            _ => Err(PerfError::Invalid("a region of the other backend".into())),
+        }
+    }
+
+    /// Posts a receive on connection `qp` into `len` bytes at `offset` of `mr`.
+    pub fn post_recv(
+        &self,
+        qp: usize,
+        wr_id: u64,
+        stream: u16,
+        mr: &Mr,
+        offset: usize,
+        len: usize,
+    ) -> Result<(), PerfError> {
+        match (&self.be, mr) {
+            (Be::Udp(u), Mr::Udp(m)) => {
+                u.qps[qp].post_recv(wr_id, stream, m.sge(offset, len))?;
+                Ok(())
+            }
+            #[cfg(feature = "verbs")]
+            (Be::Verbs(v), Mr::Verbs(m)) => {
+                let len = u32::try_from(len)
+                    .map_err(|_| PerfError::Invalid("message larger than 4 GiB".into()))?;
+                v.qps[qp].post_recv(wr_id, m, offset, len)?;
+                Ok(())
+            }
+            #[cfg(feature = "verbs")]
+            _ => Err(PerfError::Invalid("a region of the other backend".into())),
+        }
+    }
+
+    /// Appends up to `max` completions to `out`. A verbs completion with an error status is an
+    /// error here; the UDP transport's refusals come back as completions (see `check`).
+    pub fn poll(&self, out: &mut Vec<WorkCompletion>, max: usize) -> Result<usize, PerfError> {
+        match &self.be {
+            Be::Udp(u) => Ok(u.cq.poll(out, max)),
+            #[cfg(feature = "verbs")]
+            Be::Verbs(v) => {
+                let mut wcs = v.wcs.borrow_mut();
+                wcs.clear();
+                let n = v.cq.poll(&mut wcs, max)?;
+                for wc in wcs.iter() {
+                    if !wc.is_success() {
+                        return Err(PerfError::Completion(format!(
+                            "work request {:#x}: {}",
+                            wc.wr_id,
+                            crate::verbs::wc_status_name(wc.status)
+                        )));
+                    }
+                    let kind = wc.kind().ok_or_else(|| {
+                        PerfError::Completion(format!("unexpected opcode {}", wc.opcode))
+                    })?;
+                    out.push(WorkCompletion {
+                        wr_id: wc.wr_id,
+                        status: transport_core::conn::Status::Success,
+                        kind,
+                        byte_len: wc.byte_len,
+                        imm: wc.imm,
+                        qp_num: 0,
+                        stream: 0,
+                    });
+                }
+                Ok(n)
+            }
+        }
+    }
+
+    /// Lets the transport work for up to `wait` (the NIC needs nothing: a short sleep).
+    pub fn progress(&self, wait: Duration) {
+        match &self.be {
+            Be::Udp(u) => {
+                u.ctx.progress(wait);
+            }
+            #[cfg(feature = "verbs")]
+            Be::Verbs(_) => std::thread::sleep(wait.min(Duration::from_micros(200))),
+        }
+    }
+
+    /// Whether connection `qp` has nothing left to send or acknowledge (the NIC's ACKs are its
+    /// own business: always true).
+    pub fn is_idle(&self, qp: usize) -> bool {
+        match &self.be {
+            Be::Udp(u) => u.qps[qp].is_idle(),
+            #[cfg(feature = "verbs")]
+            Be::Verbs(_) => {
+                let _ = qp;
+                true
+            }
+        }
+    }
+
+    /// The connections' counters (none for verbs: the NIC keeps its own, see `ethtool -S`).
+    pub fn conn_counters(&self) -> Vec<transport_core::conn::Counters> {
+        match &self.be {
+            Be::Udp(u) => u.qps.iter().map(|q| q.counters()).collect(),
+            #[cfg(feature = "verbs")]
+            Be::Verbs(_) => Vec::new(),
+        }
+    }
+
+    /// Paths that carried packets, on the connection that used the fewest (1 for verbs).
+    pub fn paths_used(&self) -> usize {
+        match &self.be {
+            Be::Udp(u) => u
+                .ctx
+                .snapshot()
+                .iter()
+                .map(|q| q.paths.iter().filter(|p| p.sent > 0).count())
+                .min()
+                .unwrap_or(0),
+            #[cfg(feature = "verbs")]
+            Be::Verbs(_) => 1,
+        }
+    }
+
+    /// The device counters, for messages about stalls.
+    pub fn describe(&self) -> String {
+        match &self.be {
+            Be::Udp(u) => format!("{:?}", u.ctx.counters()),
+            #[cfg(feature = "verbs")]
+            Be::Verbs(v) => format!(
+                "verbs device {} (see its ethtool -S counters)",
+                v.ctx.name()
+            ),
+        }
+    }
+
+    /// The snapshot `metaroce stats` shows.
+    pub fn stats_json(&self, name: &str) -> serde_json::Value {
+        match &self.be {
+            Be::Udp(u) => udp::stats::to_json(
+                std::process::id(),
+                name,
+                &u.ctx.counters(),
+                &u.ctx.snapshot(),
+            ),
+            #[cfg(feature = "verbs")]
+            Be::Verbs(v) => serde_json::json!({
+                "pid": std::process::id(),
+                "name": name,
+                "device": { "verbs_device": v.ctx.name() },
+                "qps": [],
+            }),
+        }
+    }
+
+    /// What the peer needs to reach this end: the data address and the queue pairs
+    /// (`qpn:psn,...`). For verbs the address is this port's GID in hex.
+    pub fn local_info(&self) -> (String, String) {
+        match &self.be {
+            Be::Udp(u) => (
+                u.ctx.local_addr().to_string(),
+                u.qps
+                    .iter()
+                    .map(|q| {
+                        let i = q.info();
+                        format!("{}:{}", i.qpn, i.psn)
+                    })
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+            #[cfg(feature = "verbs")]
+            Be::Verbs(v) => (
+                v.gid.iter().map(|b| format!("{b:02x}")).collect(),
+                v.qps
+                    .iter()
+                    .zip(&v.psns)
+                    .map(|(q, psn)| format!("{}:{psn}", q.qpn()))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+        }
+    }
+
+    /// Connects every connection to the peer's, from what its `local_info` said.
+    pub fn connect(&self, data: &str, qps: &str) -> Result<(), PerfError> {
+        let peers = decode_qps(qps)?;
+        if peers.len() != self.len() {
+            return Err(PerfError::Mismatch(format!(
+                "the peer has {} connections, this end {}",
+                peers.len(),
+                self.len()
+            )));
+        }
+        match &self.be {
+            Be::Udp(u) => {
+                let addr: SocketAddr = data
+                    .parse()
+                    .map_err(|_| OobError::Field(format!("data address {data:?}")))?;
+                for (q, (qpn, psn)) in u.qps.iter().zip(peers) {
+                    q.connect(&udp::QpInfo { qpn, psn, addr })?;
+                }
+                Ok(())
+            }
+            #[cfg(feature = "verbs")]
+            Be::Verbs(v) => {
+                let gid = decode_gid(data)?;
+                for ((q, (qpn, psn)), my_psn) in v.qps.iter().zip(peers).zip(&v.psns) {
+                    q.connect(
+                        ALL_ACCESS,
+                        &crate::verbs::RtrAttr {
+                            dest_qpn: qpn,
+                            rq_psn: psn,
+                            dgid: gid,
+                            sgid_index: v.gid_index,
+                            mtu: v.mtu,
+                            port: v.port,
+                        },
+                        &crate::verbs::RtsAttr {
+                            sq_psn: *my_psn,
+                            timeout: 14,
+                            retry_cnt: 7,
+                            rnr_retry: 7,
+                        },
+                    )?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Flushes the capture file, if any.
+    pub fn finish(&self) -> Result<(), PerfError> {
+        match &self.be {
+            Be::Udp(u) => u
+                .ctx
+                .finish_pcap()
+                .map_err(|e| PerfError::Invalid(format!("capture: {e}"))),
+            #[cfg(feature = "verbs")]
+            Be::Verbs(_) => Ok(()),
+        }
+    }
+}
+
+fn decode_qps(s: &str) -> Result<Vec<(u32, u32)>, OobError> {
+    s.split(',')
+        .map(|p| {
+            let (q, s) = p
+                .split_once(':')
+                .ok_or_else(|| OobError::Field(format!("qp {p:?}")))?;
+            Ok((
+                q.parse()
+                    .map_err(|_| OobError::Field(format!("qpn {q:?}")))?,
+                s.parse()
+                    .map_err(|_| OobError::Field(format!("psn {s:?}")))?,
+            ))
+        })
+        .collect()
+}
+
+#[cfg(feature = "verbs")]
+fn decode_gid(s: &str) -> Result<[u8; 16], OobError> {
+    let bad = || OobError::Field(format!("gid {s:?}"));
+    if s.len() != 32 {
+        return Err(bad());
+    }
+    let mut gid = [0u8; 16];
+    for (i, b) in gid.iter_mut().enumerate() {
+        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2).ok_or_else(bad)?, 16).map_err(|_| bad())?;
+    }
+    Ok(gid)
+}
+
+fn open_udp(
+    cfg: &PerfConfig,
+    local_ip: IpAddr,
+    fallback_port: bool,
+) -> Result<Endpoint, PerfError> {
+    let mut dc = udp::DeviceConfig::new(local_ip);
+    dc.port = cfg.data_port;
+    dc.busy_poll = cfg.busy_poll;
+    dc.pcap = cfg.pcap.clone();
+    let ctx = match udp::Context::open(&dc) {
+        Ok(c) => c,
+        Err(e)
+            if fallback_port
+                && matches!(&e.kind, udp::ErrorKind::Io { source, .. }
+                    if source.kind() == std::io::ErrorKind::AddrInUse) =>
+        {
+            // Both ends on one host: the server holds the port, take any other.
+            dc.port = 0;
+            udp::Context::open(&dc)?
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let mtu = super::packet_mtu(cfg.mtu, local_ip)?;
+    let pd = ctx.alloc_pd();
+    let cq = ctx.create_cq();
+    let attr = udp::QpAttr {
+        paths: cfg.paths,
+        mtu,
+        window_per_path: cfg.window,
+        ..udp::QpAttr::default()
+    };
+    let qps = (0..cfg.qps)
+        .map(|_| pd.create_qp(&cq, &attr))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Endpoint {
+        be: Be::Udp(UdpEp { ctx, pd, cq, qps }),
+    })
+}
+
+#[cfg(not(feature = "verbs"))]
+fn open_verbs(_cfg: &PerfConfig) -> Result<Endpoint, PerfError> {
+    Err(PerfError::Invalid(
+        "this build has no verbs backend (build with --features verbs); use --transport udp".into(),
+    ))
+}
+
+#[cfg(feature = "verbs")]
+fn open_verbs(cfg: &PerfConfig) -> Result<Endpoint, PerfError> {
+    use crate::verbs;
+    let ctx = verbs::Context::open(cfg.device.as_deref())?;
+    let port = cfg.ib_port;
+    let pa = ctx.query_port(port)?;
+    if pa.state != 4 {
+        return Err(PerfError::Invalid(format!(
+            "port {port} of {} is not active (state {})",
+            ctx.name(),
+            pa.state
+        )));
+    }
+    let gid = ctx.query_gid(port, i32::from(cfg.gid_index))?;
+    if gid == [0; 16] {
+        return Err(PerfError::Invalid(format!(
+            "GID index {} of {} port {port} is empty (see `show_gids`; RoCEv2 GIDs are often 1 or 3)",
+            cfg.gid_index,
+            ctx.name()
+        )));
+    }
+    // The path MTU: the one asked for (bytes) if the port allows it, else the port's.
+    let mtu = match cfg.mtu {
+        None => pa.active_mtu,
+        Some(m) => {
+            let e = match m {
+                256 => 1,
+                512 => 2,
+                1024 => 3,
+                2048 => 4,
+                4096 => 5,
+                _ => {
+                    return Err(PerfError::Invalid(
+                        "-m must be 256, 512, 1024, 2048 or 4096 with verbs".into(),
+                    ))
+                }
+            };
+            e.min(pa.active_mtu)
+        }
+    };
+    let depth = cfg.tx_depth.max(512);
+    let pd = ctx.alloc_pd()?;
+    let cq = ctx.create_cq((depth * 2 * cfg.qps).min(1 << 20) as i32)?;
+    let qps = (0..cfg.qps)
+        .map(|_| pd.create_qp(&cq, depth))
+        .collect::<Result<Vec<_>, _>>()?;
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.subsec_nanos());
+    let psns = (0..cfg.qps)
+        .map(|i| (seed.wrapping_mul(2_654_435_761).wrapping_add(i * 7919)) & 0xff_ffff)
+        .collect();
+    Ok(Endpoint {
+        be: Be::Verbs(VerbsEp {
+            qps,
+            cq,
+            pd,
+            ctx,
+            port,
+            gid_index: cfg.gid_index,
+            gid,
+            mtu,
+            psns,
+            wcs: std::cell::RefCell::new(Vec::with_capacity(16)),
+        }),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_pair_lists_parse_and_bad_ones_are_named() {
+        assert_eq!(decode_qps("1:2,300:4").unwrap(), vec![(1, 2), (300, 4)]);
+        for bad in ["", "1", "x:2", "1:y", "1:2,"] {
+            let e = decode_qps(bad).unwrap_err().to_string();
+            assert!(e.contains("qp") || e.contains("psn"), "{bad:?}: {e}");
+        }
+    }
+
+    #[cfg(feature = "verbs")]
+    #[test]
+    fn gids_go_through_hex_and_bad_ones_are_named() {
+        let gid: [u8; 16] = core::array::from_fn(|i| (i * 17) as u8);
+        let hex: String = gid.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(decode_gid(&hex).unwrap(), gid);
+        for bad in ["", "00", &hex[..30], &format!("{}zz", &hex[..30])] {
+            assert!(decode_gid(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn transports_are_named_both_ways() {
+        for t in [Transport::Udp, Transport::Verbs] {
+            assert_eq!(Transport::from_name(t.name()), Some(t));
+        }
+        assert_eq!(Transport::from_name("tcp"), None);
+    }
+}
