@@ -117,42 +117,37 @@ fn all_sizes_runs_a_phase_per_size() {
     }
 }
 
-#[test]
-fn a_server_running_another_test_says_so() {
+/// Runs a server with `server` and a client that differs from it by `change`; both must fail,
+/// and the client's error is returned.
+fn refused(server: PerfConfig, change: impl FnOnce(&mut PerfConfig)) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let mut cfg = PerfConfig::new(Test::ReadBw);
-    cfg.port = listener.local_addr().unwrap().port();
-    cfg.data_port = 0;
-    let scfg = PerfConfig {
-        test: Test::WriteBw,
-        ..cfg.clone()
-    };
-    let server = std::thread::spawn(move || serve_one(&scfg, &listener));
-    cfg.server = Some("127.0.0.1".into());
-    let err = run_client(&cfg, |_| {}).unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "exchange: the peer reported: the server runs write-bw, the client asked for read-bw"
-    );
-    assert!(server.join().unwrap().is_err());
-}
-
-#[test]
-fn a_server_on_another_transport_says_so() {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let mut cfg = PerfConfig::new(Test::WriteBw);
+    let mut cfg = server;
     cfg.port = listener.local_addr().unwrap().port();
     cfg.data_port = 0;
     let scfg = cfg.clone();
     let server = std::thread::spawn(move || serve_one(&scfg, &listener));
     cfg.server = Some("127.0.0.1".into());
-    cfg.transport = Transport::Verbs;
+    change(&mut cfg);
     let err = run_client(&cfg, |_| {}).unwrap_err();
+    assert!(server.join().unwrap().is_err());
+    err.to_string()
+}
+
+#[test]
+fn a_server_running_another_test_says_so() {
     assert_eq!(
-        err.to_string(),
+        refused(PerfConfig::new(Test::WriteBw), |c| c.test = Test::ReadBw),
+        "exchange: the peer reported: the server runs write-bw, the client asked for read-bw"
+    );
+}
+
+#[test]
+fn a_server_on_another_transport_says_so() {
+    assert_eq!(
+        refused(PerfConfig::new(Test::WriteBw), |c| c.transport =
+            Transport::Verbs),
         "exchange: the peer reported: the server runs over udp, the client asked for verbs"
     );
-    assert!(server.join().unwrap().is_err());
 }
 
 /// Without an RDMA device the verbs backend says so when the test opens it (this kernel has no
