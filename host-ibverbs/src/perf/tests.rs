@@ -150,6 +150,19 @@ fn a_server_on_another_transport_says_so() {
     );
 }
 
+#[test]
+fn a_capture_over_verbs_is_refused_up_front() {
+    let mut cfg = PerfConfig::new(Test::WriteBw);
+    cfg.transport = Transport::Verbs;
+    cfg.pcap = Some("/tmp/x.pcap".into());
+    cfg.server = Some("127.0.0.1".into());
+    let err = run_client(&cfg, |_| {}).unwrap_err().to_string();
+    assert!(
+        err.starts_with("--pcap captures the UDP transport"),
+        "{err}"
+    );
+}
+
 /// Without an RDMA device the verbs backend says so when the test opens it (this kernel has no
 /// RDMA support), and without the `verbs` feature it says how to get one.
 #[test]
