@@ -3,64 +3,207 @@
 //! reporting half the round trip as perftest does.
 //!
 //! ```text
-//! udp_pingpong server PORT
-//! udp_pingpong client HOST:PORT SIZE ITERATIONS     # prints one JSON line
+//! udp_pingpong server PORT [--like-transport]
+//! udp_pingpong client HOST:PORT SIZE ITERATIONS [--like-transport]   # prints one JSON line
 //! ```
+//!
+//! `--like-transport` (both ends) gives the ping-pong the socket features the UDP transport uses,
+//! and nothing of its engine: datagrams as long as the transport's for a Write with immediate of
+//! SIZE bytes (SIZE + 58: BTH, MetaRoCE headers, immediate, pad, ICRC), ECT(0) and DF on every
+//! datagram, 8 MiB socket buffers, UDP GRO on the receiving socket, arrivals read with `recvmsg`
+//! and their ECN bits (`IP_RECVTOS`), answers sent from eight connected sockets in turn (the
+//! paths). It separates what those features cost from what the engine costs.
 
-use std::net::UdpSocket;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
 use std::time::Instant;
 
-fn spin_recv(s: &UdpSocket, buf: &mut [u8]) -> usize {
-    loop {
-        match s.recv(buf) {
-            Ok(n) => return n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
-            Err(e) => panic!("recv: {e}"),
+/// Bytes a 2-byte Write with immediate adds on the wire, from the BTH to the ICRC.
+const TRANSPORT_OVERHEAD: usize = 58;
+const PATHS: usize = 8;
+
+fn set(s: &UdpSocket, level: i32, name: i32, value: i32) {
+    // SAFETY: `value` is a live i32 and its size is passed; the descriptor is open.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            level,
+            name,
+            (&value as *const i32).cast(),
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "setsockopt({level}, {name}): {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// The UDP transport's socket options (IPv4).
+fn like_transport(s: &UdpSocket, receives: bool) {
+    set(s, libc::IPPROTO_IP, libc::IP_TOS, 0b10); // ECT(0)
+    set(
+        s,
+        libc::IPPROTO_IP,
+        libc::IP_MTU_DISCOVER,
+        libc::IP_PMTUDISC_DO,
+    );
+    set_buffers(s);
+    if receives {
+        set(s, libc::IPPROTO_IP, libc::IP_RECVTOS, 1);
+        set(s, libc::SOL_UDP, libc::UDP_GRO, 1);
+    }
+}
+
+/// 8 MiB buffers (needs CAP_NET_ADMIN for the FORCE options; falls back to the plain ones).
+fn set_buffers(s: &UdpSocket) {
+    for (force, plain) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    ] {
+        let v: i32 = 8 << 20;
+        // SAFETY: as in `set`.
+        let r = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                force,
+                (&v as *const i32).cast(),
+                4,
+            )
+        };
+        if r != 0 {
+            set(s, libc::SOL_SOCKET, plain, v);
         }
+    }
+}
+
+/// One datagram, spinning until it comes: `recv_from`, or with `cmsg` a `recvmsg` that also reads
+/// the ECN bits as the transport does.
+fn spin_recv(s: &UdpSocket, buf: &mut [u8], cmsg: bool) -> (usize, SocketAddr, u8) {
+    loop {
+        if !cmsg {
+            match s.recv_from(buf) {
+                Ok((n, from)) => return (n, from, 0),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                Err(e) => panic!("recv: {e}"),
+            }
+            continue;
+        }
+        // SAFETY: all-zero is valid for these C structures.
+        let mut name: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+        let mut control = [0u64; 8];
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: as above.
+        let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+        h.msg_name = (&mut name as *mut libc::sockaddr_in).cast();
+        h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        h.msg_iov = &mut iov;
+        h.msg_iovlen = 1;
+        h.msg_control = control.as_mut_ptr().cast();
+        h.msg_controllen = std::mem::size_of_val(&control) as _;
+        // SAFETY: `h` points at live name, iovec and control buffers for the call.
+        let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut h, libc::MSG_DONTWAIT) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "recvmsg: {e}");
+            std::hint::spin_loop();
+            continue;
+        }
+        let mut ecn = 0;
+        // SAFETY: the kernel wrote `msg_controllen` bytes of cmsgs; the macros stay inside them.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&h);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::IPPROTO_IP && (*c).cmsg_type == libc::IP_TOS {
+                    ecn = libc::CMSG_DATA(c).read() & 0b11;
+                }
+                c = libc::CMSG_NXTHDR(&h, c);
+            }
+        }
+        let from = SocketAddr::from((
+            u32::from_be(name.sin_addr.s_addr).to_be_bytes(),
+            u16::from_be(name.sin_port),
+        ));
+        return (n as usize, from, ecn);
     }
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    let like = args.iter().any(|a| a == "--like-transport");
     match args.get(1).map(String::as_str) {
         Some("server") => {
             let port = args.get(2).map_or("18700", String::as_str);
             let s = UdpSocket::bind(format!("0.0.0.0:{port}")).expect("bind");
             s.set_nonblocking(true).expect("nonblocking");
+            if like {
+                like_transport(&s, true);
+            }
+            let mut paths: Vec<UdpSocket> = Vec::new();
+            let mut turn = 0;
             let mut buf = vec![0u8; 65536];
             loop {
-                let (n, from) = loop {
-                    match s.recv_from(&mut buf) {
-                        Ok(x) => break x,
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::hint::spin_loop()
-                        }
-                        Err(e) => panic!("recv: {e}"),
-                    }
-                };
+                let (n, from, _ecn) = spin_recv(&s, &mut buf, like);
                 if n == 1 && buf[0] == 0xff {
                     return;
                 }
-                s.send_to(&buf[..n], from).expect("send");
+                if !like {
+                    s.send_to(&buf[..n], from).expect("send");
+                    continue;
+                }
+                if paths.is_empty() {
+                    for _ in 0..PATHS {
+                        let p = UdpSocket::bind("0.0.0.0:0").expect("bind");
+                        like_transport(&p, false);
+                        p.connect(from).expect("connect");
+                        paths.push(p);
+                    }
+                }
+                paths[turn % PATHS].send(&buf[..n]).expect("send");
+                turn += 1;
             }
         }
         Some("client") => {
-            let peer = &args[2];
+            let peer: SocketAddr = args[2].parse().expect("HOST:PORT");
             let size: usize = args[3].parse().expect("size");
             let iters: usize = args[4].parse().expect("iterations");
             let s = UdpSocket::bind("0.0.0.0:0").expect("bind");
-            s.connect(peer).expect("connect");
+            if like {
+                // Answers come from the server's path sockets: no connect() filter here.
+                like_transport(&s, true);
+            } else {
+                s.connect(peer).expect("connect");
+            }
             s.set_nonblocking(true).expect("nonblocking");
-            let msg = vec![0x5au8; size.max(2)];
+            let len = if like {
+                size + TRANSPORT_OVERHEAD
+            } else {
+                size.max(2)
+            };
+            let msg = vec![0x5au8; len];
             let mut buf = vec![0u8; 65536];
             let mut samples = Vec::with_capacity(iters);
             for _ in 0..iters {
                 let t0 = Instant::now();
-                s.send(&msg).expect("send");
-                spin_recv(&s, &mut buf);
+                if like {
+                    s.send_to(&msg, peer).expect("send");
+                } else {
+                    s.send(&msg).expect("send");
+                }
+                spin_recv(&s, &mut buf, like);
                 samples.push(t0.elapsed().as_nanos() as f64 / 2000.0);
             }
-            let _ = s.send(&[0xff]);
+            let _ = if like {
+                s.send_to(&[0xff], peer)
+            } else {
+                s.send(&[0xff])
+            };
             samples.sort_by(f64::total_cmp);
             let p = |q: f64| {
                 samples[((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1]
@@ -75,7 +218,9 @@ fn main() {
             );
         }
         _ => {
-            eprintln!("usage: udp_pingpong server PORT | client HOST:PORT SIZE ITERATIONS");
+            eprintln!(
+                "usage: udp_pingpong server PORT [--like-transport] | client HOST:PORT SIZE ITERATIONS [--like-transport]"
+            );
             std::process::exit(2);
         }
     }
