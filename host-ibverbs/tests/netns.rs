@@ -235,6 +235,56 @@ fn ecn_marks_set_in_the_kernel_reach_both_ends() {
     assert_eq!(p.client_json()[0]["cwnd_cuts"], 0);
 }
 
+/// Marks set by the kernel on some paths only (the Read responses whose UDP source port is
+/// even): those paths' windows are cut and the clear ones carry the transfer.
+#[test]
+#[ignore = "needs root for network namespaces; scripts/test.sh runs it"]
+fn marks_on_some_paths_steer_the_data_to_the_others() {
+    let _one_at_a_time = serial();
+    let h = Hosts::new();
+    h.nft(
+        &h.a,
+        "table inet mrecn {\n chain pre {\n type filter hook prerouting priority -150;\n \
+         udp dport 4791 udp sport & 1 == 0 ip ecn set ce\n }\n}\n",
+    );
+    // Reads: the server sends the data, so its paths are the ones to look at.
+    let p = h.run(
+        "read-bw",
+        &["-s", "1048576", "-n", "32", "-q", "1", "--paths", "16"],
+    );
+    assert_success(&p);
+    assert_eq!(p.client_json()[0]["verified"], true);
+    let s = p.server_json();
+    let paths = s["stats"]["qps"][0]["paths"].as_array().expect("paths");
+    assert_eq!(paths.len(), 16);
+    let (mut marked, mut clear) = ((0u64, 0u64), (0u64, 0u64)); // (packets, paths)
+    for path in paths {
+        let port = path["src_port"].as_u64().unwrap();
+        let tx = path["tx_packets"].as_u64().unwrap();
+        let cuts = path["cwnd_cuts"].as_u64().unwrap();
+        let marks = path["ecn_marks"].as_u64().unwrap();
+        if port % 2 == 0 {
+            assert!(marks > 0 && cuts > 0, "marked path {path}");
+            marked = (marked.0 + tx, marked.1 + 1);
+        } else {
+            assert!(marks == 0 && cuts == 0, "clear path {path}");
+            clear = (clear.0 + tx, clear.1 + 1);
+        }
+    }
+    // Sixteen random ports of one parity only: 2 in 65536.
+    assert!(marked.1 > 0 && clear.1 > 0, "{paths:?}");
+    let per_marked = marked.0 / marked.1;
+    let per_clear = clear.0 / clear.1;
+    eprintln!(
+        "{} marked paths: {per_marked} packets each; {} clear paths: {per_clear} each",
+        marked.1, clear.1
+    );
+    assert!(
+        per_marked * 2 < per_clear,
+        "a marked path carried {per_marked} packets, a clear one {per_clear}"
+    );
+}
+
 #[test]
 #[ignore = "needs root for network namespaces; scripts/test.sh runs it"]
 fn a_tbf_bottleneck_drops_packets_and_every_byte_still_arrives() {
