@@ -154,7 +154,8 @@ proptest! {
                         _ => {}
                     }
                     let side_is_b = to_b;
-                    if let Ok(Delivery::Place { addr, len, .. }) = p.deliver(to_b, port, &bytes) {
+                    // Fate 3: arrives marked Congestion Experienced.
+                    if let Ok(Delivery::Place { addr, len, .. }) = p.deliver_marked(to_b, port, &bytes, fate == 3) {
                         let end = addr + len as u64;
                         prop_assert!(addr >= BASE && end <= BASE + MEM as u64, "placement outside memory");
                         if side_is_b {
@@ -174,6 +175,19 @@ proptest! {
                         }
                     }
                 }
+            }
+            for side in [&p.a, &p.b] {
+                // The congestion windows stay between one packet and the configured maximum, and
+                // are cut no more often than marks came back.
+                let max = side.conn.config().window_per_path;
+                let mut cuts = 0;
+                for i in 0..usize::from(side.conn.config().paths) {
+                    let s = side.conn.path_stats(i).unwrap();
+                    prop_assert!(s.cwnd >= 1 && s.cwnd <= max, "path {} window {}", i, s.cwnd);
+                    prop_assert!(s.cwnd_cuts <= s.ecn_marks, "path {}: {:?}", i, s);
+                    cuts += s.cwnd_cuts;
+                }
+                prop_assert_eq!(cuts, side.conn.counters().cwnd_cuts);
             }
             for (is_a, side) in [(true, &mut p.a), (false, &mut p.b)] {
                 while let Some(e) = side.conn.poll_event() {

@@ -81,6 +81,17 @@ impl Pair {
         bytes: &[u8],
     ) -> Result<Delivery, DropReason> {
         let ce = to_b && self.ce_ports.contains(&src_port);
+        self.deliver_marked(to_b, src_port, bytes, ce)
+    }
+
+    /// Delivers one datagram, marked Congestion Experienced when `ce`.
+    pub fn deliver_marked(
+        &mut self,
+        to_b: bool,
+        src_port: u16,
+        bytes: &[u8],
+        ce: bool,
+    ) -> Result<Delivery, DropReason> {
         let side = if to_b { &mut self.b } else { &mut self.a };
         let d = side.conn.handle_datagram(self.now, src_port, ce, bytes);
         match d {
