@@ -92,6 +92,54 @@ pub(crate) struct MemEntry {
     pub access: transport_core::conn::Access,
 }
 
+/// The live memory regions of a device by base address, with the last one a check found (most
+/// packets of a flow fall in the same region). Every change of the set forgets it.
+pub(crate) struct Mems {
+    map: BTreeMap<u64, MemEntry>,
+    /// (base, end) of the region the last successful check found; empty when (MAX, 0).
+    hint: std::cell::Cell<(u64, u64)>,
+}
+
+impl Mems {
+    const NO_HINT: (u64, u64) = (u64::MAX, 0);
+
+    pub fn insert(&mut self, base: u64, e: MemEntry) {
+        self.hint.set(Self::NO_HINT);
+        self.map.insert(base, e);
+    }
+
+    pub fn remove(&mut self, base: u64) {
+        self.hint.set(Self::NO_HINT);
+        self.map.remove(&base);
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&u64, &MemEntry)> {
+        self.map.iter()
+    }
+
+    /// Whether `addr..addr+len` lies inside one live region.
+    pub fn contains(&self, addr: u64, len: usize) -> bool {
+        let Some(end) = addr.checked_add(len as u64) else {
+            return false;
+        };
+        let (b, e) = self.hint.get();
+        if addr >= b && end <= e {
+            return true;
+        }
+        match self.map.range(..=addr).next_back() {
+            Some((start, m)) if end <= start + m.len => {
+                self.hint.set((*start, start + m.len));
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
 /// Something that keeps a posted buffer's memory alive until its completion.
 pub(crate) type Keepalive = Rc<dyn std::any::Any>;
 
@@ -140,7 +188,7 @@ pub(crate) struct Engine {
     opts: SocketOptions,
     tx: HashMap<u16, Option<UdpSocket>>,
     pub qps: HashMap<u32, QpState>,
-    pub mems: BTreeMap<u64, MemEntry>,
+    pub mems: Mems,
     pub next_internal: u64,
     pub counters: EngineCounters,
     pcap: Option<PcapWriter<BufWriter<File>>>,
@@ -187,7 +235,10 @@ impl Engine {
             opts,
             tx: HashMap::default(),
             qps: HashMap::default(),
-            mems: BTreeMap::new(),
+            mems: Mems {
+                map: BTreeMap::new(),
+                hint: std::cell::Cell::new(Mems::NO_HINT),
+            },
             next_internal: 1,
             counters: EngineCounters::default(),
             pcap,
@@ -211,13 +262,6 @@ impl Engine {
     /// Nanoseconds since the device opened.
     pub fn now(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
-    }
-
-    /// Whether `addr..addr+len` lies inside one live region; its entry if so.
-    fn region_of(mems: &BTreeMap<u64, MemEntry>, addr: u64, len: usize) -> Option<&MemEntry> {
-        let (start, e) = mems.range(..=addr).next_back()?;
-        let end = addr.checked_add(len as u64)?;
-        (end <= start + e.len).then_some(e)
     }
 
     /// The regions of protection domain `pd`, as the core registers them.
@@ -402,7 +446,7 @@ impl Engine {
                     self.counters.rx_drop_bad_place += 1;
                     return;
                 };
-                if Self::region_of(&self.mems, addr, len).is_none() {
+                if !self.mems.contains(addr, len) {
                     self.counters.rx_drop_bad_place += 1;
                     return;
                 }
@@ -419,7 +463,7 @@ impl Engine {
                 compare,
                 swap_add,
             }) => {
-                if Self::region_of(&self.mems, addr, 8).is_none() {
+                if !self.mems.contains(addr, 8) {
                     self.counters.rx_drop_bad_place += 1;
                     return;
                 }
@@ -432,7 +476,7 @@ impl Engine {
                 conn.atomic_result(orig);
             }
             Ok(Delivery::Value { addr, value }) => {
-                if Self::region_of(&self.mems, addr, 8).is_none() {
+                if !self.mems.contains(addr, 8) {
                     self.counters.rx_drop_bad_place += 1;
                     return;
                 }
@@ -490,7 +534,7 @@ impl Engine {
             };
             if tx.payload_len > 0 {
                 let dst = &mut scratch[tx.header_len..tx.header_len + tx.payload_len];
-                if Self::region_of(&self.mems, tx.payload_addr, tx.payload_len).is_some() {
+                if self.mems.contains(tx.payload_addr, tx.payload_len) {
                     // SAFETY: the source lies inside a live region (checked); `dst` is the
                     // engine's own scratch buffer, which cannot overlap region memory.
                     unsafe {
@@ -754,6 +798,39 @@ impl Engine {
             p.finish()?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod mems_tests {
+    use super::*;
+
+    fn entry(len: u64) -> MemEntry {
+        MemEntry {
+            len,
+            key: 1,
+            pd: 0,
+            access: transport_core::conn::Access::LOCAL_WRITE,
+        }
+    }
+
+    #[test]
+    fn a_removed_region_is_not_remembered() {
+        let mut m = Mems {
+            map: BTreeMap::new(),
+            hint: std::cell::Cell::new(Mems::NO_HINT),
+        };
+        assert!(!m.contains(0, 0) && !m.contains(4096, 1));
+        m.insert(4096, entry(100));
+        m.insert(8192, entry(50));
+        assert!(m.contains(4096, 100) && m.contains(4150, 10)); // the second hits the hint
+        assert!(!m.contains(4150, 51) && !m.contains(4095, 2) && !m.contains(u64::MAX, 2));
+        assert!(m.contains(8192, 50) && !m.contains(8192, 51));
+        m.remove(4096);
+        assert!(!m.contains(4150, 10), "the hint went with the region");
+        assert!(m.contains(8200, 8));
+        m.remove(8192);
+        assert!(!m.contains(8200, 8));
     }
 }
 

@@ -314,7 +314,7 @@ impl Drop for MrInner {
         let base = self.ptr.as_ptr() as u64;
         let (pd, key) = (self.pd.id, self.key);
         self.pd.ctx.with(|e| {
-            e.mems.remove(&base);
+            e.mems.remove(base);
             for qp in e.qps.values_mut().filter(|q| q.pd == pd) {
                 if let Some(c) = qp.conn.as_mut() {
                     c.deregister(key);
@@ -348,7 +348,7 @@ impl ProtectionDomain {
         let ctx = &self.inner.ctx;
         let key = loop {
             let k = ctx.random() as u32;
-            if k != 0 && ctx.with(|e| e.mems.values().all(|m| m.key != k)) {
+            if k != 0 && ctx.with(|e| e.mems.iter().all(|(_, m)| m.key != k)) {
                 break k;
             }
         };
