@@ -801,39 +801,6 @@ impl Engine {
     }
 }
 
-#[cfg(test)]
-mod mems_tests {
-    use super::*;
-
-    fn entry(len: u64) -> MemEntry {
-        MemEntry {
-            len,
-            key: 1,
-            pd: 0,
-            access: transport_core::conn::Access::LOCAL_WRITE,
-        }
-    }
-
-    #[test]
-    fn a_removed_region_is_not_remembered() {
-        let mut m = Mems {
-            map: BTreeMap::new(),
-            hint: std::cell::Cell::new(Mems::NO_HINT),
-        };
-        assert!(!m.contains(0, 0) && !m.contains(4096, 1));
-        m.insert(4096, entry(100));
-        m.insert(8192, entry(50));
-        assert!(m.contains(4096, 100) && m.contains(4150, 10)); // the second hits the hint
-        assert!(!m.contains(4150, 51) && !m.contains(4095, 2) && !m.contains(u64::MAX, 2));
-        assert!(m.contains(8192, 50) && !m.contains(8192, 51));
-        m.remove(4096);
-        assert!(!m.contains(4150, 10), "the hint went with the region");
-        assert!(m.contains(8200, 8));
-        m.remove(8192);
-        assert!(!m.contains(8200, 8));
-    }
-}
-
 /// Writes `payload` to the capture as the Ethernet/IP/UDP frame that carried it.
 fn write_pcap(
     p: &mut PcapWriter<BufWriter<File>>,
@@ -894,4 +861,37 @@ fn write_pcap(
     rest[..payload.len()].copy_from_slice(payload);
     let used = frame.len() - rest_len + udp_len;
     let _ = p.write(t, &frame[..used]);
+}
+
+#[cfg(test)]
+mod mems_tests {
+    use super::*;
+
+    fn entry(len: u64) -> MemEntry {
+        MemEntry {
+            len,
+            key: 1,
+            pd: 0,
+            access: transport_core::conn::Access::LOCAL_WRITE,
+        }
+    }
+
+    #[test]
+    fn a_removed_region_is_not_remembered() {
+        let mut m = Mems {
+            map: BTreeMap::new(),
+            hint: std::cell::Cell::new(Mems::NO_HINT),
+        };
+        assert!(!m.contains(0, 0) && !m.contains(4096, 1));
+        m.insert(4096, entry(100));
+        m.insert(8192, entry(50));
+        assert!(m.contains(4096, 100) && m.contains(4150, 10)); // the second hits the hint
+        assert!(!m.contains(4150, 51) && !m.contains(4095, 2) && !m.contains(u64::MAX, 2));
+        assert!(m.contains(8192, 50) && !m.contains(8192, 51));
+        m.remove(4096);
+        assert!(!m.contains(4150, 10), "the hint went with the region");
+        assert!(m.contains(8200, 8));
+        m.remove(8192);
+        assert!(!m.contains(8200, 8));
+    }
 }
