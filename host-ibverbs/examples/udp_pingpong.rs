@@ -22,7 +22,8 @@ use std::time::Instant;
 const TRANSPORT_OVERHEAD: usize = 58;
 const PATHS: usize = 8;
 
-fn set(s: &UdpSocket, level: i32, name: i32, value: i32) {
+/// setsockopt with an int value; whether it was accepted.
+fn try_set(s: &UdpSocket, level: i32, name: i32, value: i32) -> bool {
     // SAFETY: `value` is a live i32 and its size is passed; the descriptor is open.
     let r = unsafe {
         libc::setsockopt(
@@ -33,9 +34,12 @@ fn set(s: &UdpSocket, level: i32, name: i32, value: i32) {
             std::mem::size_of::<i32>() as libc::socklen_t,
         )
     };
-    assert_eq!(
-        r,
-        0,
+    r == 0
+}
+
+fn set(s: &UdpSocket, level: i32, name: i32, value: i32) {
+    assert!(
+        try_set(s, level, name, value),
         "setsockopt({level}, {name}): {}",
         std::io::Error::last_os_error()
     );
@@ -63,19 +67,8 @@ fn set_buffers(s: &UdpSocket) {
         (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
         (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
     ] {
-        let v: i32 = 8 << 20;
-        // SAFETY: as in `set`.
-        let r = unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                force,
-                (&v as *const i32).cast(),
-                4,
-            )
-        };
-        if r != 0 {
-            set(s, libc::SOL_SOCKET, plain, v);
+        if !try_set(s, libc::SOL_SOCKET, force, 8 << 20) {
+            set(s, libc::SOL_SOCKET, plain, 8 << 20);
         }
     }
 }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_success, bin, pair, port, server_counter};
+use common::{assert_success, bin, pair, port, server_counter, ScratchDir};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
@@ -77,8 +77,8 @@ fn ipv6_loopback() {
     if std::net::UdpSocket::bind("[::1]:0").is_err() {
         panic!("this machine has no IPv6 loopback; the IPv6 path cannot be tested here");
     }
-    let dir = std::env::temp_dir().join(format!("metaroce-v6-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = ScratchDir::new("v6");
+    let dir = &scratch.0;
     let file = dir.join("v6.pcap");
     // A free UDP port for the server's data, so the capture can be decoded by port.
     let data_port = std::net::UdpSocket::bind("[::1]:0")
@@ -127,13 +127,12 @@ fn ipv6_loopback() {
         assert!(f.get("ipv6").is_some(), "{f}");
         assert_eq!(f["icrc"]["ok"], true, "{f}");
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
 fn the_capture_is_read_by_tshark_as_rocev2_and_by_decode_with_good_icrcs() {
-    let dir = std::env::temp_dir().join(format!("metaroce-pcap-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = ScratchDir::new("pcap");
+    let dir = &scratch.0;
     let file = dir.join("client.pcap");
     // The server on the RoCEv2 port, so tshark dissects what the client sends it by port.
     let p = pair(
@@ -225,13 +224,12 @@ fn the_capture_is_read_by_tshark_as_rocev2_and_by_decode_with_good_icrcs() {
     for f in to_server.iter().chain(&to_client) {
         assert_eq!(f["icrc"]["ok"], true, "{f}");
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
 fn stats_shows_running_endpoints() {
-    let dir = std::env::temp_dir().join(format!("metaroce-run-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let scratch = ScratchDir::new("run");
+    let dir = &scratch.0;
     let dir_s = dir.to_str().unwrap().to_string();
     let env = [("METAROCE_RUN_DIR", dir_s.as_str())];
     let watcher = {
@@ -312,7 +310,6 @@ fn stats_shows_running_endpoints() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no running endpoint"));
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]

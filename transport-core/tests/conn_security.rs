@@ -356,14 +356,7 @@ fn atomics_compare_swap_and_fetch_add_with_rights() {
     let mut p = Pair::new();
     let target = BASE + 0x100;
     p.b.mem[0x100..0x108].copy_from_slice(&41u64.to_ne_bytes());
-    p.b.conn
-        .register(Region {
-            key: KEY,
-            base: BASE,
-            len: 0x1000,
-            access: Access::REMOTE_ATOMIC,
-        })
-        .unwrap();
+    grant(&mut p, Access::REMOTE_ATOMIC, BASE, 0x1000);
     p.b.conn
         .register(Region {
             key: KEY2,
@@ -429,14 +422,7 @@ fn atomics_compare_swap_and_fetch_add_with_rights() {
 fn an_atomic_that_overtakes_an_earlier_one_waits_for_it() {
     let mut p = Pair::new();
     p.b.mem[0x100..0x108].copy_from_slice(&40u64.to_ne_bytes());
-    p.b.conn
-        .register(Region {
-            key: KEY,
-            base: BASE,
-            len: 0x1000,
-            access: Access::REMOTE_ATOMIC,
-        })
-        .unwrap();
+    grant(&mut p, Access::REMOTE_ATOMIC, BASE, 0x1000);
     for (id, op) in [
         (1, WrOp::FetchAdd(2)),
         (

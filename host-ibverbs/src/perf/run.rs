@@ -256,13 +256,8 @@ pub(super) fn client_phase(
         format!("metaroce {} client", cfg.test.name()),
         cfg.publish_stats,
     );
-    let sum = |f: fn(&transport_core::conn::Counters) -> u64| -> u64 {
-        ep.conn_counters().iter().map(f).sum()
-    };
-    let before = sum(|c| c.retransmitted);
-    let ecn_before = sum(|c| c.ecn_marks_echoed);
-    let cuts_before = sum(|c| c.cwnd_cuts);
-    let rnr_before = sum(|c| c.rnr_retries);
+    // The connections' counters before the phase; the report gives what the phase added.
+    let before = ep.conn_counters();
     let ph = Phase {
         bufs: &bufs,
         peer_dst: &peer_dst,
@@ -275,11 +270,15 @@ pub(super) fn client_phase(
         Report::Lat(client_lat(cfg, ep, &ph, &mut publisher)?)
     } else {
         let (mut r, counts) = client_bw(cfg, ep, &ph, &mut publisher)?;
-        let rnr = sum(|c| c.rnr_retries) - rnr_before;
-        r.retransmits = (sum(|c| c.retransmitted) - before).saturating_sub(rnr);
+        let after = ep.conn_counters();
+        let added = |f: fn(&transport_core::conn::Counters) -> u64| -> u64 {
+            after.iter().map(f).sum::<u64>() - before.iter().map(f).sum::<u64>()
+        };
+        let rnr = added(|c| c.rnr_retries);
+        r.retransmits = added(|c| c.retransmitted).saturating_sub(rnr);
         r.rnr_retries = rnr;
-        r.ecn_marks_echoed = sum(|c| c.ecn_marks_echoed) - ecn_before;
-        r.cwnd_cuts = sum(|c| c.cwnd_cuts) - cuts_before;
+        r.ecn_marks_echoed = added(|c| c.ecn_marks_echoed);
+        r.cwnd_cuts = added(|c| c.cwnd_cuts);
         r.paths_used = ep.paths_used();
         let counts_s = counts
             .iter()

@@ -103,6 +103,13 @@ pub(crate) struct Mems {
 impl Mems {
     const NO_HINT: (u64, u64) = (u64::MAX, 0);
 
+    pub fn new() -> Mems {
+        Mems {
+            map: BTreeMap::new(),
+            hint: std::cell::Cell::new(Self::NO_HINT),
+        }
+    }
+
     pub fn insert(&mut self, base: u64, e: MemEntry) {
         self.hint.set(Self::NO_HINT);
         self.map.insert(base, e);
@@ -235,10 +242,7 @@ impl Engine {
             opts,
             tx: HashMap::default(),
             qps: HashMap::default(),
-            mems: Mems {
-                map: BTreeMap::new(),
-                hint: std::cell::Cell::new(Mems::NO_HINT),
-            },
+            mems: Mems::new(),
             next_internal: 1,
             counters: EngineCounters::default(),
             pcap,
@@ -308,7 +312,7 @@ impl Engine {
             if got == want {
                 self.rx_want = (want * 2).min(RX_BATCH);
             } else if got > 0 {
-                self.rx_want = got.max(1) / 2 + 1;
+                self.rx_want = got / 2 + 1;
             }
             if got < RX_BATCH {
                 break;
@@ -506,7 +510,6 @@ impl Engine {
     /// bulk transfer) the connection has nothing to give and this costs one check.
     pub fn kick(&mut self, qpn: u32, now: u64) {
         self.dirty = true;
-        self.deadline_stale = true;
         // Data first, sent at once; then what else waits (the ACKs of what arrived).
         if self.transmit_qp(qpn, now, true) {
             self.flush();
@@ -878,10 +881,7 @@ mod mems_tests {
 
     #[test]
     fn a_removed_region_is_not_remembered() {
-        let mut m = Mems {
-            map: BTreeMap::new(),
-            hint: std::cell::Cell::new(Mems::NO_HINT),
-        };
+        let mut m = Mems::new();
         assert!(!m.contains(0, 0) && !m.contains(4096, 1));
         m.insert(4096, entry(100));
         m.insert(8192, entry(50));

@@ -9,6 +9,24 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
+/// A directory of its own under the system's temporary directory, removed when dropped (also
+/// when the test fails).
+pub struct ScratchDir(pub std::path::PathBuf);
+
+impl ScratchDir {
+    pub fn new(tag: &str) -> ScratchDir {
+        let dir = std::env::temp_dir().join(format!("metaroce-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        ScratchDir(dir)
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
+    }
+}
+
 /// The binary under test.
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_metaroce")

@@ -758,10 +758,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if let Some(t) = self.transmit_control(now, buf) {
             return Some(t);
         }
-        if let Some(t) = self.transmit_retx(now, buf) {
-            return Some(t);
-        }
-        self.transmit_new(now, buf)
+        self.poll_transmit_data(now, buf)
     }
 
     /// Like [`Connection::poll_transmit`], but only data packets (retransmissions first, then
