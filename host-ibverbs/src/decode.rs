@@ -200,6 +200,7 @@ fn fill(obj: &mut Map<String, Value>, p: &Parsed<'_>, raw: &[u8]) {
             "mr_ack".into(),
             json!({
                 "ece": a.ece,
+                "refusals": a.refusals,
                 "path_id": a.path_id,
                 "ce_count": a.ce_count,
                 "cum_seq": a.cum_seq,

@@ -260,6 +260,7 @@ fn extensions(rng: &mut Rng, opcode: Opcode, payload_len: usize) -> Extensions {
         sack.iter_mut().for_each(|b| *b = rng.u8());
         ext.mr_ack = Some(MrAckRepr {
             ece: rng.chance(1, 4),
+            refusals: rng.chance(1, 8),
             path_id: rng.u8(),
             ce_count: rng.u16() >> rng.below(16),
             cum_seq: rng.u32(),
@@ -272,7 +273,7 @@ fn extensions(rng: &mut Rng, opcode: Opcode, payload_len: usize) -> Extensions {
     if l.has_mr_nack() {
         ext.mr_nack = Some(MrNackRepr {
             path_id: rng.u8(),
-            reason: NackReason::from_u8(1 + rng.below(8) as u8),
+            reason: NackReason::from_u8(1 + rng.below(9) as u8),
             path_seq: rng.u32(),
             stream_id: rng.u16(),
             msn: rng.u32(),

@@ -528,3 +528,182 @@ fn a_refused_read_completes_even_when_an_ack_overtakes_its_nack() {
     let write = c.iter().find(|c| c.id == 2).expect("the Write completed");
     assert_eq!(write.status, Status::Success);
 }
+
+/// One round of the wire: everything both sides send, minus what `lose` picks (`to_b`, bytes),
+/// then events and timers, then 1 us.
+fn round(p: &mut Pair, lose: &mut impl FnMut(bool, &[u8]) -> bool) {
+    p.transmit();
+    for (to_b, port, bytes) in std::mem::take(&mut p.wire) {
+        if !lose(to_b, &bytes) {
+            let _ = p.deliver(to_b, port, &bytes);
+        }
+    }
+    for side in [&mut p.a, &mut p.b] {
+        while let Some(e) = side.conn.poll_event() {
+            side.events.push(e);
+        }
+        if side.conn.poll_timeout().is_some_and(|t| t <= p.now) {
+            side.conn.handle_timeout(p.now);
+        }
+    }
+    p.now += 1_000;
+}
+
+fn is_nack(b: &[u8]) -> bool {
+    b[0] == Opcode::MrNack.to_u8()
+}
+
+/// The NACK's reason byte (BTH, then version, path id, reason).
+fn nack_reason(b: &[u8]) -> NackReason {
+    NackReason::from_u8(b[BthRepr::LEN + 2])
+}
+
+/// A refusal whose NACK is lost (the ACKs that cover its PSN arrive) must not complete the Write
+/// as successful: the ACKs say refusals are outstanding, the responder sends the NACK again, the
+/// requester completes the Write as refused and confirms, and only then does its window move.
+#[test]
+fn a_lost_refusal_is_sent_again_and_the_write_never_completes_as_successful() {
+    let mut p = Pair::new();
+    grant(&mut p, Access::REMOTE_WRITE, BASE, 0x1000);
+    // Refused (past the end), then a good Write on the same stream.
+    p.a.conn
+        .post(0, write(1, BASE, 64, BASE + 0x2000, KEY))
+        .unwrap();
+    p.a.conn.post(0, write(2, BASE, 64, BASE, KEY)).unwrap();
+    let mut first_nacks = 0;
+    for _ in 0..20 {
+        round(&mut p, &mut |to_b, b| {
+            let lost = !to_b && is_nack(b) && first_nacks == 0;
+            first_nacks += usize::from(lost);
+            lost
+        });
+    }
+    assert_eq!(first_nacks, 1, "the refusal was sent once and lost");
+    assert_eq!(p.b.conn.counters().nacks_sent, 1);
+    assert!(
+        completions(&p.a.events).is_empty(),
+        "completed on ACKs that carry the refusals flag: {:?}",
+        completions(&p.a.events)
+    );
+    assert!(p.a.conn.counters().acked >= 2, "the ACKs did arrive");
+    assert!(!p.b.conn.is_idle(), "the responder still holds the refusal");
+    // The resend timer brings the NACK again; everything flows from here.
+    p.settle();
+    let c = completions(&p.a.events);
+    assert_eq!(
+        c.iter().map(|c| (c.id, c.status)).collect::<Vec<_>>(),
+        [
+            (1, Status::Refused(NackReason::OutOfBounds)),
+            (2, Status::Success)
+        ]
+    );
+    let b = p.b.conn.counters();
+    assert_eq!((b.nacks_resent, b.refusals_confirmed), (1, 1));
+    assert_eq!(
+        b.access_violations, 1,
+        "refused once, repeated, never re-evaluated"
+    );
+    assert!(p.a.conn.is_idle() && p.b.conn.is_idle());
+    assert!(p.b.mem[..64] == p.a.mem[..64], "the good Write landed");
+}
+
+/// The NACK arrives after ACKs on other paths that moved the responder's cumulative PSN past
+/// the refused Write, and the requester's confirmation is lost once: still refused, confirmed
+/// again when the NACK repeats, and the responder stops repeating it.
+#[test]
+fn an_overtaken_refusal_with_a_lost_confirmation_still_refuses_the_write() {
+    let mut p = Pair::new();
+    grant(&mut p, Access::REMOTE_WRITE, BASE, 0x1000);
+    p.a.conn.post(0, write(1, BASE, 64, BASE, KEY + 5)).unwrap();
+    for i in 0..6u64 {
+        p.a.conn
+            .post(0, write(2 + i, BASE, 64, BASE + 64 * i, KEY))
+            .unwrap();
+    }
+    p.transmit();
+    for (to_b, port, bytes) in std::mem::take(&mut p.wire) {
+        let _ = p.deliver(to_b, port, &bytes);
+    }
+    p.b.conn.handle_timeout(p.now + 1_000_000);
+    p.transmit();
+    let back = std::mem::take(&mut p.wire);
+    assert_eq!(back.iter().filter(|w| is_nack(&w.2)).count(), 1);
+    for (to_b, port, bytes) in back.iter().filter(|w| !is_nack(&w.2)) {
+        let _ = p.deliver(*to_b, *port, bytes);
+    }
+    p.a.conn.handle_timeout(p.now);
+    while let Some(e) = p.a.conn.poll_event() {
+        p.a.events.push(e);
+    }
+    assert!(
+        completions(&p.a.events).is_empty(),
+        "completed before the refusal arrived: {:?}",
+        completions(&p.a.events)
+    );
+    for (to_b, port, bytes) in back.iter().filter(|w| is_nack(&w.2)) {
+        let _ = p.deliver(*to_b, *port, bytes);
+    }
+    let mut confirmations_lost = 0;
+    for _ in 0..200 {
+        round(&mut p, &mut |to_b, b| {
+            let lost = to_b
+                && is_nack(b)
+                && nack_reason(b) == NackReason::RefusalSeen
+                && confirmations_lost == 0;
+            confirmations_lost += usize::from(lost);
+            lost
+        });
+    }
+    p.settle();
+    assert_eq!(confirmations_lost, 1);
+    let c = completions(&p.a.events);
+    assert_eq!(c.len(), 7, "{c:?}");
+    assert_eq!(c[0].id, 1);
+    assert_eq!(c[0].status, Status::Refused(NackReason::InvalidRkey));
+    assert!(c[1..].iter().all(|c| c.status == Status::Success), "{c:?}");
+    let b = p.b.conn.counters();
+    assert_eq!(b.refusals_confirmed, 1);
+    assert!(b.nacks_resent >= 1);
+    assert!(p.a.conn.is_idle() && p.b.conn.is_idle());
+}
+
+/// A requester that never confirms cannot make the responder hold more than a few refusals:
+/// the rest are not accepted (counted), the responder's NACKs per resend period stay bounded,
+/// and once confirmations flow every request completes as refused, none as successful.
+#[test]
+fn unconfirmed_refusals_are_bounded_and_every_request_still_completes_refused() {
+    let mut p = Pair::new();
+    grant(&mut p, Access::REMOTE_WRITE, BASE, 0x1000);
+    // Two streams, the queue's 16 messages.
+    for i in 0..16u64 {
+        let mut wr = write(i, BASE, 64, BASE + 0x4000, KEY);
+        wr.stream = (i % 2) as u16;
+        p.a.conn.post(0, wr).unwrap();
+    }
+    let mut nacks_from_b = 0;
+    for _ in 0..100 {
+        round(&mut p, &mut |to_b, b| {
+            if !to_b && is_nack(b) {
+                nacks_from_b += 1;
+            }
+            to_b && is_nack(b)
+        });
+    }
+    let b = *p.b.conn.counters();
+    assert!(b.drop_refusals_full > 0, "{b:?}");
+    assert_eq!(b.access_violations, 8 + b.drop_refusals_full);
+    assert_eq!(b.refusals_confirmed, 0);
+    // 100 us, a resend every 50 us: each held refusal went at most three times.
+    assert!(nacks_from_b <= 8 * 3, "{nacks_from_b} NACKs");
+    assert!(completions(&p.a.events)
+        .iter()
+        .all(|c| c.status != Status::Success));
+    p.settle();
+    let c = completions(&p.a.events);
+    assert_eq!(c.len(), 16, "{c:?}");
+    assert!(c
+        .iter()
+        .all(|c| c.status == Status::Refused(NackReason::OutOfBounds)));
+    assert_eq!(p.b.conn.counters().refusals_confirmed, 16);
+    assert!(p.a.conn.is_idle() && p.b.conn.is_idle());
+}

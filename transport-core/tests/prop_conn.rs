@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use std::collections::{BTreeSet, HashSet};
 use transport_core::conn::{
     psn_before, psn_diff, Access, Arrival, Delivery, Event, PathSeq, RecvRequest, Region,
-    RemoteAddr, SackBitmap, WorkRequest, WrOp,
+    RemoteAddr, SackBitmap, Status, WorkRequest, WrOp,
 };
 use transport_core::wire::Psn;
 
@@ -120,6 +120,8 @@ proptest! {
         p.b.conn.register(Region { key: KEY, base: GRANT_BASE, len: GRANT_LEN, access: Access::REMOTE_WRITE.union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC) }).unwrap();
         p.a.conn.register(Region { key: KEY, base: BASE, len: MEM as u64, access: Access::LOCAL_WRITE }).unwrap();
         let mut completed: HashSet<(bool, u64)> = HashSet::new();
+        // Writes aimed (partly) outside B's grant: refused, whatever the wire loses or reorders.
+        let mut must_refuse: HashSet<u64> = HashSet::new();
         let mut next_id = 1u64;
         let mut recv_at = 0u64;
         for s in steps {
@@ -131,7 +133,13 @@ proptest! {
                     // Remote addresses anywhere in B's memory and beyond: some inside the grant, some not.
                     let va = BASE + u64::from(offset);
                     let wr = WorkRequest { id: next_id, op, stream, local_addr: BASE, len: len.min(MEM as u32 / 8), remote: RemoteAddr { va, rkey: KEY } };
-                    let _ = p.a.conn.post(p.now, wr);
+                    let outside = va < GRANT_BASE || va + u64::from(wr.len) > GRANT_BASE + GRANT_LEN;
+                    if p.a.conn.post(p.now, wr).is_ok()
+                        && outside
+                        && matches!(op, WrOp::Write | WrOp::WriteWithImm(_))
+                    {
+                        must_refuse.insert(next_id);
+                    }
                     next_id += 1;
                 }
                 Step::Recv { stream, len } => {
@@ -193,6 +201,10 @@ proptest! {
                 while let Some(e) = side.conn.poll_event() {
                     if let Event::Completion(c) = e {
                         prop_assert!(completed.insert((is_a, c.id)), "completion {} reported twice", c.id);
+                        prop_assert!(
+                            !(is_a && must_refuse.contains(&c.id) && c.status == Status::Success),
+                            "write {} outside the grant completed as successful", c.id
+                        );
                     }
                 }
             }

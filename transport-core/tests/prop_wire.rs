@@ -56,9 +56,9 @@ prop_compose! {
 }
 
 prop_compose! {
-    fn mr_ack()(ece in any::<bool>(), path_id in any::<u8>(), ce_count in any::<u16>(),
+    fn mr_ack()(ece in any::<bool>(), refusals in any::<bool>(), path_id in any::<u8>(), ce_count in any::<u16>(),
                 w in any::<[u32; 4]>(), sack in any::<[u8; 32]>()) -> MrAckRepr {
-        MrAckRepr { ece, path_id, ce_count, cum_seq: w[0], ts_echo: w[1], ack_delay: w[2],
+        MrAckRepr { ece, refusals, path_id, ce_count, cum_seq: w[0], ts_echo: w[1], ack_delay: w[2],
                     rate_hint: w[3], sack }
     }
 }

@@ -36,7 +36,7 @@ engine_counters! {
     tx_gso_disabled,
     /// Datagrams the kernel refused to send (buffer full or error); the core retransmits them.
     tx_errors,
-    /// Source ports that could not be bound and went out from the receive socket's port.
+    /// Path source ports held by another process: the path went out from another free port.
     tx_port_fallback,
     /// Transmissions whose payload was not in a live region (a bug if ever non-zero).
     tx_bad_local,
@@ -90,6 +90,8 @@ pub fn connection_named(c: &Counters) -> Vec<(&'static str, u64)> {
         ("acks_sent", c.acks_sent),
         ("nacks_sent", c.nacks_sent),
         ("nacks_received", c.nacks_received),
+        ("nacks_resent", c.nacks_resent),
+        ("refusals_confirmed", c.refusals_confirmed),
         ("rx_data_packets", c.data_received),
         ("rx_bytes_placed", c.bytes_placed),
         ("rx_duplicates", c.duplicates),
@@ -98,6 +100,7 @@ pub fn connection_named(c: &Counters) -> Vec<(&'static str, u64)> {
         ("rx_drop_wrong_pkey", c.drop_wrong_pkey),
         ("rx_drop_out_of_window", c.drop_out_of_window),
         ("rx_drop_other", c.drop_other),
+        ("rx_drop_refusals_full", c.drop_refusals_full),
         ("access_violations", c.access_violations),
         ("ecn_ce_received", c.ecn_ce_received),
         ("ecn_marks_echoed", c.ecn_marks_echoed),

@@ -51,6 +51,9 @@ const NO_PSN: u32 = u32::MAX;
 const NO_PATH: u8 = u8::MAX;
 /// Pending NACKs at most.
 const NACK_QUEUE: usize = 16;
+/// Fatal refusals a responder holds until the requester confirms them; while all are taken, a
+/// packet that would be refused is not accepted (the requester sends it again later).
+const REFUSALS: usize = 8;
 
 /// How a connection behaves. Times are nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +106,8 @@ pub struct Config {
     pub ack_delay: u64,
     /// Wait before sending again a packet the peer refused for want of a receive buffer.
     pub rnr_delay: u64,
+    /// Wait for the requester's confirmation of a refusal before sending its NACK again.
+    pub refusal_resend: u64,
     /// Check the ICRC of arriving datagrams (turn off only where the NIC already did).
     pub verify_icrc: bool,
 }
@@ -133,6 +138,7 @@ impl Config {
             ack_every: 4,
             ack_delay: 5_000,
             rnr_delay: 50_000,
+            refusal_resend: 50_000,
             verify_icrc: true,
         }
     }
@@ -317,6 +323,19 @@ struct PendingNack {
     nack: MrNackRepr,
 }
 
+/// A fatal refusal the requester has not confirmed yet: its NACK goes again every
+/// `refusal_resend`, and every ACK says refusals are outstanding.
+#[derive(Debug, Clone, Copy)]
+struct Refusal {
+    pending: PendingNack,
+    /// Send (again) at the next transmit.
+    send: bool,
+    /// Sent at least once.
+    sent: bool,
+    /// When to send again if still unconfirmed.
+    resend_at: Instant,
+}
+
 /// A connection with capacities: `P` paths, `W` packets in flight, `S` streams, `Q` messages and
 /// receive buffers per stream, `R` memory regions.
 #[derive(Debug, Clone)]
@@ -356,6 +375,7 @@ pub struct Connection<
     rx_seen: [bool; W],
     rx_streams: [RxStream<Q>; S],
     nacks: [Option<PendingNack>; NACK_QUEUE],
+    refusals: [Option<Refusal>; REFUSALS],
     pending_atomic: Option<PendingAtomic>,
     events: [Option<Event>; Q],
     ev_head: u32,
@@ -440,6 +460,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 completed: 0,
             }; S],
             nacks: [None; NACK_QUEUE],
+            refusals: [None; REFUSALS],
             pending_atomic: None,
             events: [None; Q],
             ev_head: 0,
@@ -591,7 +612,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 
     /// Whether everything posted has completed and nothing is waiting to be sent.
     pub fn is_idle(&self) -> bool {
-        self.msg_head == self.msg_tail && self.una == self.nxt
+        self.msg_head == self.msg_tail
+            && self.una == self.nxt
+            && self.refusals.iter().all(Option::is_none)
     }
 
     // ----- timers -----------------------------------------------------------------------
@@ -636,6 +659,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if let Some(w) = self.retx_wake {
             at(w);
         }
+        for r in self.refusals.iter().flatten() {
+            if !r.send {
+                at(r.resend_at);
+            }
+        }
         t
     }
 
@@ -665,6 +693,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
         if self.retx_wake.is_some_and(|w| now >= w) {
             self.retx_wake = None;
+        }
+        for r in self.refusals.iter_mut().flatten() {
+            if !r.send && now >= r.resend_at {
+                r.send = true;
+                self.control_dirty = true;
+            }
         }
         // A packet the path layer saw arrive but the peer never accepted (a refusal whose NACK
         // was lost): send it again once the long timeout has passed.
@@ -829,8 +863,20 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     fn transmit_control_scan(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         let n = usize::from(self.cfg.paths);
         // NACKs first: they are rare and unblock the peer.
-        if let Some(slot) = self.nacks.iter_mut().find(|s| s.is_some()) {
-            let pn = slot.take()?;
+        let mut pending = self.nacks.iter_mut().find_map(Option::take);
+        if pending.is_none() {
+            let resend_at = now + self.cfg.refusal_resend;
+            if let Some(r) = self.refusals.iter_mut().flatten().find(|r| r.send) {
+                if r.sent {
+                    self.counters.nacks_resent += 1;
+                }
+                r.sent = true;
+                r.send = false;
+                r.resend_at = resend_at;
+                pending = Some(r.pending);
+            }
+        }
+        if let Some(pn) = pending {
             self.counters.nacks_sent += 1;
             let bth = self.bth(Opcode::MrNack, pn.psn, 0, false);
             return self.write_headers(
@@ -857,6 +903,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             if rx.ack_now {
                 let ack = MrAckRepr {
                     ece: rx.ece,
+                    refusals: self.refusals.iter().any(Option::is_some),
                     path_id: i as u8,
                     ce_count: rx.ce,
                     cum_seq: rx.sack.cumulative().0,
@@ -1253,6 +1300,45 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 
     fn on_nack(&mut self, now: Instant, psn: Psn, nack: &MrNackRepr) {
         self.counters.nacks_received += 1;
+        if nack.reason == NackReason::RefusalSeen {
+            // As responder: the requester has our refusal of `psn`.
+            let i = usize::from(nack.path_id);
+            if let Some(slot) = self
+                .refusals
+                .iter_mut()
+                .find(|r| r.is_some_and(|r| r.pending.psn == psn))
+            {
+                *slot = None;
+                self.counters.refusals_confirmed += 1;
+                if self.refusals.iter().all(Option::is_none) && i < usize::from(self.cfg.paths) {
+                    // The requester's window waits for an ACK without the refusals flag.
+                    self.rx_paths[i].ack_now = true;
+                    self.control_dirty = true;
+                }
+            }
+            return;
+        }
+        if nack.reason != NackReason::ReceiverNotReady {
+            // As requester: confirm every fatal refusal, also a repeated one (the previous
+            // confirmation may have been lost).
+            let path = if usize::from(nack.path_id) < usize::from(self.cfg.paths) {
+                nack.path_id
+            } else {
+                0
+            };
+            if let Some(slot) = self.nacks.iter_mut().find(|s| s.is_none()) {
+                *slot = Some(PendingNack {
+                    path,
+                    psn,
+                    nack: MrNackRepr {
+                        path_id: path,
+                        reason: NackReason::RefusalSeen,
+                        ..*nack
+                    },
+                });
+                self.control_dirty = true;
+            }
+        }
         let refused = if self.in_tx_window(psn) {
             let idx = psn.get() as usize % W;
             if nack.reason == NackReason::ReceiverNotReady {
@@ -1395,8 +1481,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             }
             self.settle_path_una(i);
         }
-        // The connection-level cumulative PSN: what the peer has accepted for good.
-        if psn_diff(cum_psn, self.peer_cum) > 0 && psn_diff(cum_psn, self.nxt) <= 0 {
+        // The connection-level cumulative PSN: what the peer has accepted for good. While the
+        // peer holds refusals we have not confirmed, it may cover refused packets: wait.
+        if !ack.refusals && psn_diff(cum_psn, self.peer_cum) > 0 && psn_diff(cum_psn, self.nxt) <= 0
+        {
             self.peer_cum = cum_psn;
         }
         self.advance_window();
@@ -1682,9 +1770,6 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         reason: NackReason,
         fatal: bool,
     ) -> Result<Delivery, DropReason> {
-        if fatal {
-            self.accept(psn);
-        }
         let nack = MrNackRepr {
             path_id: path as u8,
             reason,
@@ -1692,14 +1777,30 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             stream_id: data.stream_id,
             msn: data.msn,
         };
-        self.control_dirty = true;
-        if let Some(slot) = self.nacks.iter_mut().find(|s| s.is_none()) {
-            *slot = Some(PendingNack {
-                path: path as u8,
-                psn,
-                nack,
+        let pending = PendingNack {
+            path: path as u8,
+            psn,
+            nack,
+        };
+        if fatal {
+            // Kept, and repeated, until the requester confirms it: until then no ACK lets the
+            // requester count this PSN as accepted.
+            let Some(slot) = self.refusals.iter_mut().find(|r| r.is_none()) else {
+                // Too many unconfirmed: do not accept it now; it comes again.
+                self.counters.drop_refusals_full += 1;
+                return Err(DropReason::RefusalsFull);
+            };
+            *slot = Some(Refusal {
+                pending,
+                send: true,
+                sent: false,
+                resend_at: 0,
             });
+            self.accept(psn);
+        } else if let Some(slot) = self.nacks.iter_mut().find(|s| s.is_none()) {
+            *slot = Some(pending);
         }
+        self.control_dirty = true;
         Ok(Delivery::Nothing)
     }
 

@@ -216,6 +216,9 @@ pub enum DropReason {
     Duplicate,
     /// An opcode this connection does not act on.
     UnsupportedOpcode,
+    /// It would be refused, but too many earlier refusals await the requester's confirmation:
+    /// not accepted (the requester sends it again).
+    RefusalsFull,
 }
 
 /// Why a work request was not accepted.
@@ -258,6 +261,10 @@ pub struct Counters {
     pub nacks_sent: u64,
     /// NACKs received.
     pub nacks_received: u64,
+    /// Refusal NACKs sent again because the requester had not confirmed them.
+    pub nacks_resent: u64,
+    /// Refusals the requester confirmed.
+    pub refusals_confirmed: u64,
     /// Data packets received and accepted.
     pub data_received: u64,
     /// Payload bytes placed.
@@ -274,6 +281,9 @@ pub struct Counters {
     pub drop_out_of_window: u64,
     /// Drops by reason: unknown path or unsupported opcode.
     pub drop_other: u64,
+    /// Packets that would have been refused while every refusal slot waited for its
+    /// confirmation: not accepted, the requester sends them again.
+    pub drop_refusals_full: u64,
     /// Requests refused for memory access (key, bounds, rights).
     pub access_violations: u64,
     /// CE marks seen on arrival.

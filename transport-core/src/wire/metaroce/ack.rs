@@ -24,6 +24,7 @@ struct AckHeader {
 const _: () = assert!(core::mem::size_of::<AckHeader>() == 52);
 
 const FLAG_ECE: u8 = 0x1;
+const FLAG_REFUSALS: u8 = 0x2;
 
 /// A per-path acknowledgement.
 ///
@@ -36,6 +37,10 @@ const FLAG_ECE: u8 = 0x1;
 pub struct MrAckRepr {
     /// ECN echo: a packet acknowledged here arrived with CE.
     pub ece: bool,
+    /// Refusals outstanding: the receiver refused packets whose NACKs the sender has not yet
+    /// confirmed, so the cumulative PSN may cover refused packets and must not complete
+    /// anything.
+    pub refusals: bool,
     /// The path being acknowledged.
     pub path_id: u8,
     /// CE-marked packets on this path since the previous ACK (saturating).
@@ -70,6 +75,7 @@ impl MrAckRepr {
         let flags = check_version(h.ver_flags, Header::MrAck)?;
         let repr = MrAckRepr {
             ece: flags & FLAG_ECE != 0,
+            refusals: flags & FLAG_REFUSALS != 0,
             path_id: h.path_id,
             ce_count: h.ce_count.get(),
             cum_seq: h.cum_seq.get(),
@@ -85,7 +91,9 @@ impl MrAckRepr {
     #[inline]
     pub fn emit(self, buf: &mut [u8]) -> Result<&mut [u8], Error> {
         let (h, rest) = split_mut::<AckHeader>(buf, Header::MrAck)?;
-        h.ver_flags = version_byte(if self.ece { FLAG_ECE } else { 0 });
+        let flags =
+            if self.ece { FLAG_ECE } else { 0 } | if self.refusals { FLAG_REFUSALS } else { 0 };
+        h.ver_flags = version_byte(flags);
         h.path_id = self.path_id;
         h.ce_count.set(self.ce_count);
         h.cum_seq.set(self.cum_seq);
@@ -112,7 +120,7 @@ mod tests {
         bytes[51] = 0x80;
         let (r, rest) = MrAckRepr::parse(&bytes).unwrap();
         assert!(rest.is_empty());
-        assert!(r.ece);
+        assert!(r.ece && !r.refusals);
         assert_eq!((r.path_id, r.ce_count, r.cum_seq), (3, 5, 100));
         assert_eq!(
             (r.ts_echo, r.ack_delay, r.rate_hint),
@@ -123,5 +131,22 @@ mod tests {
         let mut out = [0u8; 52];
         r.emit(&mut out).unwrap();
         assert_eq!(out, bytes);
+    }
+
+    #[test]
+    fn refusals_flag_is_bit_1_of_the_first_byte() {
+        let mut bytes = [0u8; 52];
+        for (first, ece, refusals) in [
+            (0x12, false, true),
+            (0x13, true, true),
+            (0x10, false, false),
+        ] {
+            bytes[0] = first;
+            let (r, _) = MrAckRepr::parse(&bytes).unwrap();
+            assert_eq!((r.ece, r.refusals), (ece, refusals), "{first:#x}");
+            let mut out = [0u8; 52];
+            r.emit(&mut out).unwrap();
+            assert_eq!(out, bytes);
+        }
     }
 }

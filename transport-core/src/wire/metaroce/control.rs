@@ -78,6 +78,9 @@ reasons! {
     OutOfWindow = 0x07, "out of window";
     /// The responder could not complete the operation for a local reason.
     RemoteOperational = 0x08, "remote operational error";
+    /// Not a refusal: the requester confirms that it received the refusal of this PSN, so the
+    /// responder may stop repeating it (section 6.4 of docs/PROTOCOL.md).
+    RefusalSeen = 0x09, "refusal seen";
 }
 
 /// A negative acknowledgement of one data packet, with its reason.
