@@ -251,6 +251,7 @@ impl Report {
                 "ecn_marks_echoed": r.ecn_marks_echoed,
                 "cwnd_cuts": r.cwnd_cuts,
                 "paths_used": r.paths_used,
+                "path_failures": r.path_failures,
             }),
             Report::Lat(r) => json!({
                 "test": test.name(),

@@ -39,6 +39,8 @@ pub struct BwResult {
     pub cwnd_cuts: u64,
     /// Paths that carried packets, on the connection that used the fewest.
     pub paths_used: usize,
+    /// Paths declared failed (each then took a new UDP source port), all connections.
+    pub path_failures: u64,
 }
 
 impl BwResult {
@@ -67,6 +69,7 @@ impl BwResult {
             ecn_marks_echoed: parts.iter().map(|p| p.ecn_marks_echoed).sum(),
             cwnd_cuts: parts.iter().map(|p| p.cwnd_cuts).sum(),
             paths_used: parts.iter().map(|p| p.paths_used).min().unwrap_or(0),
+            path_failures: parts.iter().map(|p| p.path_failures).sum(),
         }
     }
 }
@@ -280,6 +283,7 @@ pub(super) fn client_phase(
         r.ecn_marks_echoed = added(|c| c.ecn_marks_echoed);
         r.cwnd_cuts = added(|c| c.cwnd_cuts);
         r.paths_used = ep.paths_used();
+        r.path_failures = added(|c| c.path_failures);
         let counts_s = counts
             .iter()
             .map(u64::to_string)
@@ -446,6 +450,7 @@ fn client_bw(
             ecn_marks_echoed: 0,
             cwnd_cuts: 0,
             paths_used: 0,
+            path_failures: 0,
         },
         done,
     ))

@@ -187,13 +187,57 @@ use super::socket::SendRun as Run;
 /// Messages per `sendmmsg` call.
 const TX_BATCH: usize = 64;
 
+/// A path's send socket and the UDP source port its datagrams really carry.
+struct TxSocket {
+    /// None: nothing could be bound; the receive socket sends for the path.
+    sock: Option<UdpSocket>,
+    port: u16,
+}
+
+/// The send socket of path port `src_port` (bound and connected to `dst` on first use) and the
+/// source port it really sends from. When another process holds the path's port, a free port
+/// carries the path instead (counted): the ICRC covers the UDP source port, so the runner seals
+/// every datagram over the port on the wire.
+fn tx_socket<'a>(
+    tx: &'a mut HashMap<u16, TxSocket>,
+    counters: &mut EngineCounters,
+    rx: &UdpSocket,
+    opts: &SocketOptions,
+    local_ip: IpAddr,
+    src_port: u16,
+    dst: SocketAddr,
+) -> &'a TxSocket {
+    tx.entry(src_port).or_insert_with(|| {
+        let opts = SocketOptions {
+            gro: false,
+            ..*opts
+        };
+        let bind = |port| {
+            UdpSocket::bind(SocketAddr::new(local_ip, port), &opts)
+                .ok()
+                .map(|mut s| {
+                    // A send-only socket: connecting it caches the route to its first peer.
+                    let _ = s.connect(dst);
+                    s
+                })
+        };
+        let mut sock = bind(src_port);
+        if sock.is_none() {
+            counters.tx_port_fallback += 1;
+            sock = bind(0);
+        }
+        let port = sock.as_ref().unwrap_or(rx).local_addr().port();
+        TxSocket { sock, port }
+    })
+}
+
 /// The engine of one device.
 pub(crate) struct Engine {
     epoch: std::time::Instant,
     pub rx: UdpSocket,
     pub local_ip: IpAddr,
     opts: SocketOptions,
-    tx: HashMap<u16, Option<UdpSocket>>,
+    tx: HashMap<u16, TxSocket>,
     pub qps: HashMap<u32, QpState>,
     pub mems: Mems,
     pub next_internal: u64,
@@ -553,15 +597,37 @@ impl Engine {
                     self.counters.tx_bad_local += 1;
                 }
             }
+            let path_port = tx.src_port;
+            let wire_port = tx_socket(
+                &mut self.tx,
+                &mut self.counters,
+                &self.rx,
+                &self.opts,
+                self.local_ip,
+                path_port,
+                peer,
+            )
+            .port;
+            let tx = transport_core::conn::Transmit {
+                src_port: wire_port,
+                ..tx
+            };
             conn.seal(&tx, &mut scratch);
             sent = true;
-            self.stage(tx.src_port, peer, &scratch[..tx.len], tx.payload_len > 0);
+            self.stage(
+                path_port,
+                wire_port,
+                peer,
+                &scratch[..tx.len],
+                tx.payload_len > 0,
+            );
         }
         self.scratch = scratch;
         sent
     }
 
-    fn stage(&mut self, src_port: u16, dst: SocketAddr, d: &[u8], data: bool) {
+    /// Queues datagram `d` for path port `src_port`, which leaves from `wire_port`.
+    fn stage(&mut self, src_port: u16, wire_port: u16, dst: SocketAddr, d: &[u8], data: bool) {
         self.counters.tx_packets += 1;
         self.counters.tx_bytes += d.len() as u64;
         if let Some(p) = self.pcap.as_mut() {
@@ -569,7 +635,7 @@ impl Engine {
             write_pcap(
                 p,
                 t,
-                SocketAddr::new(self.local_ip, src_port),
+                SocketAddr::new(self.local_ip, wire_port),
                 dst,
                 super::socket::ECT0,
                 d,
@@ -579,7 +645,6 @@ impl Engine {
         let idx = match self.stage_of.get(&key) {
             Some(&i) => i,
             None => {
-                self.open_tx_socket(src_port, dst);
                 self.stages.push(Stage {
                     key,
                     buf: Vec::with_capacity(GSO_MAX_BYTES),
@@ -596,7 +661,7 @@ impl Engine {
             // paths (one could move the peer's window past the refused request): it leaves now,
             // after what its own path already holds.
             self.flush_one(idx);
-            let sock = self.tx[&src_port].as_ref().unwrap_or(&self.rx);
+            let sock = self.tx[&src_port].sock.as_ref().unwrap_or(&self.rx);
             self.counters.tx_syscalls += 1;
             if sock.send(&dst, d, 0).is_err() {
                 self.counters.tx_errors += 1;
@@ -654,38 +719,13 @@ impl Engine {
         self.queued.clear();
     }
 
-    /// The socket of source port `src_port`, bound (and connected to `dst`) on first use; the
-    /// receive socket when the port cannot be bound.
-    fn open_tx_socket(&mut self, src_port: u16, dst: SocketAddr) {
-        if !self.tx.contains_key(&src_port) {
-            let addr = SocketAddr::new(self.local_ip, src_port);
-            let sock = UdpSocket::bind(
-                addr,
-                &SocketOptions {
-                    gro: false,
-                    ..self.opts
-                },
-            )
-            .ok()
-            .map(|mut s| {
-                // A send-only socket: connecting it caches the route to its first peer.
-                let _ = s.connect(dst);
-                s
-            });
-            if sock.is_none() {
-                self.counters.tx_port_fallback += 1;
-            }
-            self.tx.insert(src_port, sock);
-        }
-    }
-
     fn flush_one(&mut self, idx: usize) {
         let s = &mut self.stages[idx];
         if s.msgs.is_empty() {
             return;
         }
         let (src_port, dst) = s.key;
-        let sock = self.tx[&src_port].as_ref().unwrap_or(&self.rx);
+        let sock = self.tx[&src_port].sock.as_ref().unwrap_or(&self.rx);
         let mut runs: &[Run] = &s.msgs;
         while !runs.is_empty() {
             self.counters.tx_syscalls += 1;

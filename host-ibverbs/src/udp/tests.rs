@@ -444,3 +444,49 @@ fn hostile_datagrams_are_dropped_and_counted_while_the_peer_is_served() {
     assert!(dst.equals(0, &pattern(64 << 10, 3)[..12288]).unwrap());
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Another process holds the UDP source ports the paths would use: the paths go out from other
+/// free ports, sealed with the ICRC of the port really on the wire, and the transfer is whole.
+#[test]
+fn paths_whose_ports_are_taken_send_from_other_ports_with_a_good_icrc() {
+    let attr = QpAttr {
+        paths: 4,
+        ..QpAttr::default()
+    };
+    let (a, qa, b, _qb) = pair(&attr);
+    let seed = qa.inner.seed;
+    let held: Vec<std::net::UdpSocket> = (0..4u8)
+        .filter_map(|i| {
+            let port = transport_core::conn::entropy_port(seed, i, 0);
+            std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, port)).ok()
+        })
+        .collect();
+    assert!(!held.is_empty(), "no path port could be taken for the test");
+    let rw = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+    let src = a.pd.reg_mr(256 << 10, rw).unwrap();
+    let dst = b.pd.reg_mr(256 << 10, rw).unwrap();
+    let data = pattern(256 << 10, 3);
+    src.write(0, &data).unwrap();
+    qa.post_send(&SendWr {
+        wr_id: 1,
+        op: WrOp::Write,
+        stream: 0,
+        local: src.sge(0, 256 << 10),
+        remote: dst.remote(0),
+    })
+    .unwrap();
+    let (wa, _) = pump(&a, &b, 1, 0);
+    assert_eq!(wa[0].status, Status::Success);
+    assert!(
+        dst.equals(0, &data).unwrap(),
+        "the Write landed byte for byte"
+    );
+    assert_eq!(a.ctx.counters().tx_port_fallback, held.len() as u64);
+    let rx = b.ctx.snapshot()[0].counters;
+    assert_eq!(rx.drop_malformed, 0, "datagrams with a bad ICRC: {rx:?}");
+    for h in &held {
+        // Nothing was sent from a port another process holds.
+        h.set_nonblocking(true).unwrap();
+        assert!(h.recv(&mut [0u8; 64]).is_err());
+    }
+}
