@@ -3,7 +3,7 @@
 //! fails: parsing must never panic, and whatever parses must emit and parse back to itself.
 
 use transport_core::wire::metaroce::{
-    MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr,
+    MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr, PiggyAck,
 };
 use transport_core::wire::{parse_with, IcrcCheck, ParseOptions};
 
@@ -50,9 +50,20 @@ header_target!(
 );
 header_target!(
     /// The MetaRoCE ACK header.
-    mr_ack,
+    mr_ack_header,
     MrAckRepr
 );
+header_target!(
+    /// The ACK a data packet carries (flag A): a cumulative PSN, then the ACK header.
+    piggy_ack,
+    PiggyAck
+);
+
+/// The MetaRoCE ACK header, and the same bytes as the ACK a data packet carries.
+pub fn mr_ack(data: &[u8]) {
+    mr_ack_header(data);
+    piggy_ack(data);
+}
 header_target!(
     /// The MetaRoCE NACK header.
     mr_nack,

@@ -2,6 +2,7 @@
 //! specification, numbers as JSON numbers) and into readable text.
 
 use serde_json::{json, Map, Value};
+use transport_core::wire::metaroce::{MrAckRepr, PiggyAck};
 use transport_core::wire::{
     parse_with, AckSyndrome, IcrcCheck, IpRepr, ParseOptions, Parsed, ROCEV2_PORT,
 };
@@ -127,6 +128,7 @@ fn fill(obj: &mut Map<String, Value>, p: &Parsed<'_>, raw: &[u8]) {
             "mr_data".into(),
             json!({
                 "retransmit": d.retransmit,
+                "ack": d.ack,
                 "path_id": d.path_id,
                 "stream_id": d.stream_id,
                 "path_seq": d.path_seq,
@@ -195,22 +197,19 @@ fn fill(obj: &mut Map<String, Value>, p: &Parsed<'_>, raw: &[u8]) {
         obj.insert("cnp".into(), json!({"reserved_len": 16}));
     }
     if let Some(a) = e.mr_ack {
-        let sack: String = a.sack.iter().map(|b| format!("{b:02x}")).collect();
-        obj.insert(
-            "mr_ack".into(),
-            json!({
-                "ece": a.ece,
-                "refusals": a.refusals,
-                "path_id": a.path_id,
-                "ce_count": a.ce_count,
-                "cum_seq": a.cum_seq,
-                "ts_echo": a.ts_echo,
-                "ack_delay": a.ack_delay,
-                "rate_hint": a.rate_hint,
-                "sack": sack,
-                "sacked": a.sack.iter().map(|b| b.count_ones()).sum::<u32>(),
-            }),
-        );
+        obj.insert("mr_ack".into(), ack_json(&a));
+    }
+    if e.mr_data.is_some_and(|d| d.ack) {
+        // The body opens with the acknowledgement riding along; `payload_len` counts it.
+        let v = match PiggyAck::parse(r.payload) {
+            Ok((p, _)) => {
+                let mut v = ack_json(&p.ack);
+                v["cum_psn"] = json!(p.cum_psn.get());
+                v
+            }
+            Err(err) => json!({ "error": err.to_string() }),
+        };
+        obj.insert("mr_piggyback_ack".into(), v);
     }
     if let Some(n) = e.mr_nack {
         obj.insert(
@@ -247,6 +246,22 @@ fn fill(obj: &mut Map<String, Value>, p: &Parsed<'_>, raw: &[u8]) {
     if p.trailer_len > 0 {
         obj.insert("trailer_len".into(), json!(p.trailer_len));
     }
+}
+
+fn ack_json(a: &MrAckRepr) -> Value {
+    let sack: String = a.sack.iter().map(|b| format!("{b:02x}")).collect();
+    json!({
+        "ece": a.ece,
+        "refusals": a.refusals,
+        "path_id": a.path_id,
+        "ce_count": a.ce_count,
+        "cum_seq": a.cum_seq,
+        "ts_echo": a.ts_echo,
+        "ack_delay": a.ack_delay,
+        "rate_hint": a.rate_hint,
+        "sack": sack,
+        "sacked": a.sack.iter().map(|b| b.count_ones()).sum::<u32>(),
+    })
 }
 
 /// Formats a decoded object as readable text: a line for the frame, then a line per header.
@@ -297,6 +312,7 @@ fn label(key: &str) -> &str {
         "mr_data" => "MR data",
         "mr_remote" => "MR remote",
         "mr_ack" => "MR ACK",
+        "mr_piggyback_ack" => "MR ACK (carried)",
         "mr_nack" => "MR NACK",
         "mr_probe" => "MR probe",
         "payload_len" => "payload bytes",

@@ -3,7 +3,7 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use transport_core::wire::metaroce::{
-    MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr, NackReason,
+    MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr, NackReason, PiggyAck,
 };
 use transport_core::wire::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Ecn, EtherType, EthernetRepr,
@@ -165,6 +165,20 @@ pub fn frame(rng: &mut Rng, kind: Kind) -> Vec<u8> {
         psn: Psn::new(rng.u32()),
     };
     let ext = extensions(rng, opcode, payload_len);
+    // A data packet with flag A opens its body with the acknowledgement it carries.
+    let payload = if ext.mr_data().is_some_and(|d| d.ack) {
+        let mut body = vec![0u8; PiggyAck::LEN];
+        PiggyAck {
+            cum_psn: Psn::new(rng.u32() & 0x00ff_ffff),
+            ack: mr_ack(rng),
+        }
+        .emit(&mut body)
+        .expect("the buffer has its length");
+        body.extend_from_slice(&payload);
+        body
+    } else {
+        payload
+    };
     let repr = FrameRepr {
         eth,
         ip,
@@ -181,6 +195,22 @@ pub fn frame(rng: &mut Rng, kind: Kind) -> Vec<u8> {
     out
 }
 
+fn mr_ack(rng: &mut Rng) -> MrAckRepr {
+    let mut sack = [0u8; 32];
+    sack.iter_mut().for_each(|b| *b = rng.u8());
+    MrAckRepr {
+        ece: rng.chance(1, 4),
+        refusals: rng.chance(1, 8),
+        path_id: rng.u8(),
+        ce_count: rng.u16() >> rng.below(16),
+        cum_seq: rng.u32(),
+        ts_echo: rng.u32(),
+        ack_delay: rng.u32() >> 12,
+        rate_hint: rng.u32() >> 8,
+        sack,
+    }
+}
+
 fn mac(rng: &mut Rng) -> [u8; 6] {
     let b = rng.next_u64().to_be_bytes();
     // Unicast, locally administered.
@@ -195,6 +225,7 @@ fn extensions(rng: &mut Rng, opcode: Opcode, payload_len: usize) -> Extensions {
         let msg_offset = rng.below(u64::from(msg_len) - payload_len as u64 + 1) as u32;
         ext.mr_data = Some(MrDataRepr {
             retransmit: rng.chance(1, 8),
+            ack: rng.chance(1, 4),
             path_id: rng.u8(),
             stream_id: rng.u16(),
             path_seq: rng.u32(),
@@ -256,19 +287,7 @@ fn extensions(rng: &mut Rng, opcode: Opcode, payload_len: usize) -> Extensions {
     }
     ext.cnp = l.has_cnp();
     if l.has_mr_ack() {
-        let mut sack = [0u8; 32];
-        sack.iter_mut().for_each(|b| *b = rng.u8());
-        ext.mr_ack = Some(MrAckRepr {
-            ece: rng.chance(1, 4),
-            refusals: rng.chance(1, 8),
-            path_id: rng.u8(),
-            ce_count: rng.u16() >> rng.below(16),
-            cum_seq: rng.u32(),
-            ts_echo: rng.u32(),
-            ack_delay: rng.u32() >> 12,
-            rate_hint: rng.u32() >> 8,
-            sack,
-        });
+        ext.mr_ack = Some(mr_ack(rng));
     }
     if l.has_mr_nack() {
         ext.mr_nack = Some(MrNackRepr {

@@ -707,3 +707,80 @@ fn unconfirmed_refusals_are_bounded_and_every_request_still_completes_refused() 
     assert_eq!(p.b.conn.counters().refusals_confirmed, 16);
     assert!(p.a.conn.is_idle() && p.b.conn.is_idle());
 }
+
+/// Two Sends refused for want of a receive buffer at different times: each goes again after its
+/// own `rnr_delay`. The timer that brings the first must not leave the second without one (it
+/// used to: the second waited forever once nothing else was in flight).
+#[test]
+fn every_send_held_back_for_a_receive_buffer_goes_again_in_its_time() {
+    let mut p = Pair::new();
+    let send = |id: u64, stream: u16| WorkRequest {
+        id,
+        op: WrOp::Send,
+        stream,
+        local_addr: BASE,
+        len: 64,
+        remote: RemoteAddr::default(),
+    };
+    p.a.conn.post(p.now, send(1, 0)).unwrap();
+    p.a.conn.post(p.now, send(2, 1)).unwrap();
+    p.transmit();
+    let sends = std::mem::take(&mut p.wire);
+    assert_eq!(sends.len(), 2);
+    // The first arrives now, the second 20 us later: two refusals, two different wake times.
+    let _ = p.deliver(sends[0].0, sends[0].1, &sends[0].2);
+    p.transmit();
+    for (to_b, port, bytes) in std::mem::take(&mut p.wire) {
+        let _ = p.deliver(to_b, port, &bytes);
+    }
+    p.now += 20_000;
+    let _ = p.deliver(sends[1].0, sends[1].1, &sends[1].2);
+    p.transmit();
+    for (to_b, port, bytes) in std::mem::take(&mut p.wire) {
+        let _ = p.deliver(to_b, port, &bytes);
+    }
+    assert_eq!(p.a.conn.counters().nacks_received, 2);
+    // Buffers now; from here on nothing but the wake-ups can move the Sends.
+    for (id, stream) in [(10, 0), (11, 1)] {
+        p.b.conn
+            .post_recv(RecvRequest {
+                id,
+                stream,
+                addr: BASE + 0x4000 + 0x100 * id,
+                len: 64,
+            })
+            .unwrap();
+    }
+    // Driven by the timers alone, as a runner that sleeps until `poll_timeout` is.
+    for _ in 0..1000 {
+        p.transmit();
+        for (to_b, port, bytes) in std::mem::take(&mut p.wire) {
+            let _ = p.deliver(to_b, port, &bytes);
+        }
+        p.transmit();
+        if !p.wire.is_empty() {
+            continue;
+        }
+        let next = [p.a.conn.poll_timeout(), p.b.conn.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min();
+        let Some(t) = next else { break };
+        p.now = p.now.max(t);
+        for side in [&mut p.a, &mut p.b] {
+            if side.conn.poll_timeout().is_some_and(|t| t <= p.now) {
+                side.conn.handle_timeout(p.now);
+            }
+        }
+    }
+    while let Some(e) = p.a.conn.poll_event() {
+        p.a.events.push(e);
+    }
+    let c = completions(&p.a.events);
+    assert_eq!(
+        c.iter().map(|c| (c.id, c.status)).collect::<Vec<_>>(),
+        [(1, Status::Success), (2, Status::Success)]
+    );
+    assert_eq!(p.a.conn.counters().rnr_retries, 2);
+    assert!(p.a.conn.is_idle());
+}

@@ -4,7 +4,7 @@
 use core::net::{Ipv4Addr, Ipv6Addr};
 use proptest::prelude::*;
 use transport_core::wire::metaroce::{
-    MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr, NackReason,
+    MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr, NackReason, PiggyAck,
 };
 use transport_core::wire::{
     parse, parse_with, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Ecn,
@@ -48,9 +48,9 @@ fn bth(op: Opcode) -> impl Strategy<Value = BthRepr> {
 }
 
 prop_compose! {
-    fn mr_data()(b in any::<bool>(), path_id in any::<u8>(), stream_id in any::<u16>(),
+    fn mr_data()(b in any::<bool>(), ack in any::<bool>(), path_id in any::<u8>(), stream_id in any::<u16>(),
                  w in any::<[u32; 5]>()) -> MrDataRepr {
-        MrDataRepr { retransmit: b, path_id, stream_id, path_seq: w[0], msn: w[1],
+        MrDataRepr { retransmit: b, ack, path_id, stream_id, path_seq: w[0], msn: w[1],
                      msg_offset: w[2], msg_len: w[3], timestamp: w[4] }
     }
 }
@@ -304,12 +304,17 @@ proptest! {
     }
 
     #[test]
-    fn metaroce_headers_round_trip(d in mr_data(), a in mr_ack(), n in mr_nack(), p in mr_probe(), va in any::<u64>(), rkey in any::<u32>()) {
+    fn metaroce_headers_round_trip(d in mr_data(), a in mr_ack(), n in mr_nack(), p in mr_probe(), va in any::<u64>(), rkey in any::<u32>(), psn in 0u32..1 << 24) {
         let mut buf = [0u8; 64];
         d.emit(&mut buf).unwrap();
         prop_assert_eq!(MrDataRepr::parse(&buf).unwrap().0, d);
         a.emit(&mut buf).unwrap();
         prop_assert_eq!(MrAckRepr::parse(&buf).unwrap().0, a);
+        let piggy = PiggyAck { cum_psn: Psn::new(psn), ack: a };
+        let rest = piggy.emit(&mut buf).unwrap().len();
+        prop_assert_eq!(rest, 64 - PiggyAck::LEN);
+        prop_assert_eq!(PiggyAck::parse(&buf).unwrap().0, piggy);
+        prop_assert!(PiggyAck::parse(&buf[..PiggyAck::LEN - 1]).is_err());
         n.emit(&mut buf).unwrap();
         prop_assert_eq!(MrNackRepr::parse(&buf).unwrap().0, n);
         p.emit(&mut buf).unwrap();

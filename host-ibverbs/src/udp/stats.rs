@@ -88,6 +88,8 @@ pub fn connection_named(c: &Counters) -> Vec<(&'static str, u64)> {
         ("lost_by_sack", c.lost_by_sack),
         ("lost_by_timeout", c.lost_by_timeout),
         ("acks_sent", c.acks_sent),
+        ("acks_piggybacked", c.acks_piggybacked),
+        ("acks_piggyback_received", c.acks_piggyback_received),
         ("nacks_sent", c.nacks_sent),
         ("nacks_received", c.nacks_received),
         ("nacks_resent", c.nacks_resent),

@@ -38,7 +38,7 @@ pub use types::*;
 
 use crate::icrc;
 use crate::wire::metaroce::{
-    MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr, NackReason, SACK_BITS,
+    MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr, NackReason, PiggyAck, SACK_BITS,
 };
 use crate::wire::{AtomicAckEthRepr, AtomicEthRepr, BthRepr, Extensions, Opcode, Psn, Qpn};
 use core::net::IpAddr;
@@ -784,7 +784,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 
     // ----- transmit ---------------------------------------------------------------------
 
-    /// Writes the next datagram's headers into `buf` (which must hold an MTU plus 128 bytes).
+    /// Writes the next datagram's headers into `buf` (which must hold an MTU plus 128 bytes):
+    /// control packets first (NACKs, ACKs, probes: small, and the peer's timers wait on them),
+    /// then data.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         if buf.len() < self.cfg.mtu as usize + 128 {
             return None;
@@ -796,9 +798,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     }
 
     /// Like [`Connection::poll_transmit`], but only data packets (retransmissions first, then
-    /// new ones), leaving acknowledgements and probes for the next `poll_transmit`: a runner that
-    /// has just been handed a request sends its data before the ACKs that wait, so that an answer
-    /// to a ping does not wait while they are built.
+    /// new ones), leaving NACKs, probes and the ACKs that found no packet to ride on for the
+    /// next `poll_transmit`. A runner that has just been handed a request (a doorbell) calls
+    /// this first: the answer to a ping leaves at once and carries the ACK of the ping (flag A,
+    /// when the packet has room), so a ping-pong needs one datagram each way.
     pub fn poll_transmit_data(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         if buf.len() < self.cfg.mtu as usize + 128 {
             return None;
@@ -847,6 +850,39 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             payload_len,
             len: header_len + payload_len + pad + 4,
         })
+    }
+
+    /// Path `i`'s acknowledgement as of `now`; what it reports no longer waits.
+    fn take_ack(&mut self, i: usize, now: Instant) -> MrAckRepr {
+        let refusals = self.refusals.iter().any(Option::is_some);
+        let rx = &mut self.rx_paths[i];
+        let ack = MrAckRepr {
+            ece: rx.ece,
+            refusals,
+            path_id: i as u8,
+            ce_count: rx.ce,
+            cum_seq: rx.sack.cumulative().0,
+            ts_echo: rx.ts,
+            ack_delay: now.saturating_sub(rx.ts_at).min(u64::from(u32::MAX)) as u32,
+            rate_hint: 0,
+            sack: rx.sack.to_wire(),
+        };
+        rx.ack_now = false;
+        rx.ack_due = None;
+        rx.unacked = 0;
+        rx.ce = 0;
+        rx.ece = false;
+        self.counters.acks_sent += 1;
+        ack
+    }
+
+    /// A path whose acknowledgement waits (due now first, then delayed ones).
+    fn waiting_ack(&self) -> Option<usize> {
+        let n = usize::from(self.cfg.paths);
+        let rx = &self.rx_paths[..n];
+        rx.iter()
+            .position(|r| r.ack_now)
+            .or_else(|| rx.iter().position(|r| r.ack_due.is_some()))
     }
 
     fn transmit_control(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
@@ -901,23 +937,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 return self.write_headers(buf, bth, Extensions::MrProbe(probe), i, 0, 0);
             }
             if rx.ack_now {
-                let ack = MrAckRepr {
-                    ece: rx.ece,
-                    refusals: self.refusals.iter().any(Option::is_some),
-                    path_id: i as u8,
-                    ce_count: rx.ce,
-                    cum_seq: rx.sack.cumulative().0,
-                    ts_echo: rx.ts,
-                    ack_delay: now.saturating_sub(rx.ts_at).min(u64::from(u32::MAX)) as u32,
-                    rate_hint: 0,
-                    sack: rx.sack.to_wire(),
-                };
-                rx.ack_now = false;
-                rx.ack_due = None;
-                rx.unacked = 0;
-                rx.ce = 0;
-                rx.ece = false;
-                self.counters.acks_sent += 1;
+                let ack = self.take_ack(i, now);
                 let bth = self.bth(Opcode::MrAck, self.rx_cum, 0, false);
                 return self.write_headers(buf, bth, Extensions::MrAck(ack), i, 0, 0);
             }
@@ -1009,7 +1029,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 self.retx_head = self.retx_head.wrapping_add(1);
                 continue;
             }
-            if self.pkts[psn.get() as usize % W].not_before > now {
+            let not_before = self.pkts[psn.get() as usize % W].not_before;
+            if not_before > now {
+                // Held back (receiver not ready): make sure a timer brings it. An earlier wake
+                // may have fired for another packet and left none for this one.
+                self.retx_wake = Some(self.retx_wake.map_or(not_before, |w| w.min(not_before)));
                 return None;
             }
             let avoid = Some(usize::from(self.pkts[psn.get() as usize % W].path));
@@ -1089,9 +1113,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         pk.path = path as u8;
         pk.seq = seq;
         pk.sent_at = now;
+        let idx = pk.idx;
 
         let mtu = self.cfg.mtu;
-        let offset = pk.idx * mtu;
+        let offset = idx * mtu;
         let (len, opcode) = match msg.kind {
             MsgKind::Read => (0, Opcode::MrReadRequest),
             MsgKind::Atomic if msg.atomic.2 => (0, Opcode::MrCompareSwap),
@@ -1118,8 +1143,21 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 },
             ),
         };
+        // An acknowledgement that waits rides along when the packet stays within a full one.
+        let piggy = if len as usize + PiggyAck::LEN <= mtu as usize {
+            self.waiting_ack().map(|i| PiggyAck {
+                cum_psn: self.rx_cum,
+                ack: self.take_ack(i, now),
+            })
+        } else {
+            None
+        };
+        if piggy.is_some() {
+            self.counters.acks_piggybacked += 1;
+        }
         let data = MrDataRepr {
             retransmit,
+            ack: piggy.is_some(),
             path_id: path as u8,
             stream_id: msg.stream,
             path_seq: seq.0,
@@ -1151,10 +1189,16 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             _ => Extensions::MrData(data),
         };
         let pad = ((4 - len % 4) % 4) as u8;
-        let last = pk.idx + 1 == msg.npkts;
+        let last = idx + 1 == msg.npkts;
         let bth = self.bth(opcode, psn, pad, last);
         let addr = msg.local_addr + u64::from(offset);
-        self.write_headers(buf, bth, ext, path, addr, len as usize)
+        let mut tx = self.write_headers(buf, bth, ext, path, addr, len as usize)?;
+        if let Some(p) = piggy {
+            p.emit(buf.get_mut(tx.header_len..)?).ok()?;
+            tx.header_len += PiggyAck::LEN;
+            tx.len += PiggyAck::LEN;
+        }
+        Some(tx)
     }
 
     /// Adds the pad and the ICRC to a datagram whose headers came from
@@ -1219,15 +1263,21 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 Ok(Delivery::Nothing)
             }
             _ => match view.ext.mr_data() {
-                Some(data) => self.on_data(
-                    now,
-                    ce,
-                    &bth,
-                    &view.ext,
-                    data,
-                    view.payload_at,
-                    view.payload_len,
-                ),
+                Some(data) => {
+                    if let Some(p) = view.piggy {
+                        self.counters.acks_piggyback_received += 1;
+                        self.on_ack(now, p.cum_psn, &p.ack);
+                    }
+                    self.on_data(
+                        now,
+                        ce,
+                        &bth,
+                        &view.ext,
+                        data,
+                        view.payload_at,
+                        view.payload_len,
+                    )
+                }
                 None => {
                     self.counters.drop_other += 1;
                     Err(DropReason::UnsupportedOpcode)
@@ -1243,6 +1293,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
         let (bth, rest) = BthRepr::parse(d).ok()?;
         let (ext, body) = Extensions::parse(Opcode::layout_of(d[0]), rest).ok()?;
+        let (piggy, body) = match ext.mr_data() {
+            Some(data) if data.ack => {
+                let (p, body) = PiggyAck::parse(body).ok()?;
+                (Some(p), body)
+            }
+            _ => (None, body),
+        };
         let payload_and_pad = body.len().checked_sub(4)?;
         let payload_len = payload_and_pad.checked_sub(usize::from(bth.pad_count))?;
         if self.cfg.verify_icrc {
@@ -1263,6 +1320,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         Some(Checked {
             bth,
             ext,
+            piggy,
             payload_at: d.len() - 4 - payload_and_pad,
             payload_len,
         })
@@ -1962,6 +2020,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 struct Checked {
     bth: BthRepr,
     ext: Extensions,
+    piggy: Option<PiggyAck>,
     payload_at: usize,
     payload_len: usize,
 }

@@ -255,8 +255,12 @@ pub struct Counters {
     pub lost_by_sack: u64,
     /// Losses declared by a retransmission timeout.
     pub lost_by_timeout: u64,
-    /// ACKs sent.
+    /// ACKs sent (stand-alone and carried by data packets).
     pub acks_sent: u64,
+    /// ACKs carried by data packets (included in `acks_sent`).
+    pub acks_piggybacked: u64,
+    /// ACKs received riding on data packets.
+    pub acks_piggyback_received: u64,
     /// NACKs sent.
     pub nacks_sent: u64,
     /// NACKs received.

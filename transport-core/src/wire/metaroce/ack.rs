@@ -2,7 +2,7 @@
 //! timestamp, ECN echo and the receiver's fair-share rate hint.
 
 use super::{check_version, version_byte};
-use crate::wire::{split, split_mut, Error, Header};
+use crate::wire::{split, split_mut, Error, Header, Psn};
 use zerocopy::network_endian::{U16, U32};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 
@@ -102,6 +102,45 @@ impl MrAckRepr {
         h.rate_hint.set(self.rate_hint);
         h.sack = self.sack;
         Ok(rest)
+    }
+}
+
+/// An acknowledgement carried by a data packet going the other way (flag `A` of its data header):
+/// the connection-level cumulative PSN that a stand-alone ACK carries in its BTH, then the ACK
+/// header. It opens the packet's body, before the payload; the ICRC covers it as any other byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct PiggyAck {
+    /// The receiver's connection-level cumulative PSN (24 bits).
+    pub cum_psn: Psn,
+    /// The path acknowledgement.
+    pub ack: MrAckRepr,
+}
+
+impl PiggyAck {
+    /// Bytes it occupies: the PSN in a 32-bit field (high byte reserved, zero), then the ACK.
+    pub const LEN: usize = 4 + MrAckRepr::LEN;
+
+    /// Parses it from the start of a packet body, returning it and the bytes after it.
+    #[inline]
+    pub fn parse(buf: &[u8]) -> Result<(Self, &[u8]), Error> {
+        let (psn, rest) = split::<U32>(buf, Header::MrAck)?;
+        let (ack, rest) = MrAckRepr::parse(rest)?;
+        Ok((
+            PiggyAck {
+                cum_psn: Psn::new(psn.get() & 0x00ff_ffff),
+                ack,
+            },
+            rest,
+        ))
+    }
+
+    /// Writes it, returning the bytes after it.
+    #[inline]
+    pub fn emit(self, buf: &mut [u8]) -> Result<&mut [u8], Error> {
+        let (psn, rest) = split_mut::<U32>(buf, Header::MrAck)?;
+        psn.set(self.cum_psn.get());
+        self.ack.emit(rest)
     }
 }
 

@@ -28,6 +28,7 @@ struct RemoteHeader {
 const _: () = assert!(core::mem::size_of::<RemoteHeader>() == 12);
 
 const FLAG_RETRANSMIT: u8 = 0x1;
+const FLAG_ACK: u8 = 0x2;
 
 /// The data header: what makes every MetaRoCE data packet self-describing.
 ///
@@ -38,6 +39,9 @@ const FLAG_RETRANSMIT: u8 = 0x1;
 pub struct MrDataRepr {
     /// This transmission repeats an earlier one.
     pub retransmit: bool,
+    /// An acknowledgement rides along: the packet's body opens with a [`PiggyAck`] (56 bytes)
+    /// before the payload.
+    pub ack: bool,
     /// The path the packet was sent on.
     pub path_id: u8,
     /// The ordered stream the message belongs to.
@@ -65,6 +69,7 @@ impl MrDataRepr {
         let flags = check_version(h.ver_flags, Header::MrData)?;
         let repr = MrDataRepr {
             retransmit: flags & FLAG_RETRANSMIT != 0,
+            ack: flags & FLAG_ACK != 0,
             path_id: h.path_id,
             stream_id: h.stream_id.get(),
             path_seq: h.path_seq.get(),
@@ -80,7 +85,9 @@ impl MrDataRepr {
     #[inline]
     pub fn emit(self, buf: &mut [u8]) -> Result<&mut [u8], Error> {
         let (h, rest) = split_mut::<DataHeader>(buf, Header::MrData)?;
-        h.ver_flags = version_byte(if self.retransmit { FLAG_RETRANSMIT } else { 0 });
+        let flags =
+            if self.retransmit { FLAG_RETRANSMIT } else { 0 } | if self.ack { FLAG_ACK } else { 0 };
+        h.ver_flags = version_byte(flags);
         h.path_id = self.path_id;
         h.stream_id.set(self.stream_id);
         h.path_seq.set(self.path_seq);
@@ -146,6 +153,7 @@ mod tests {
             r,
             MrDataRepr {
                 retransmit: true,
+                ack: false,
                 path_id: 7,
                 stream_id: 2,
                 path_seq: 256,
@@ -158,6 +166,13 @@ mod tests {
         let mut out = [0u8; 24];
         r.emit(&mut out).unwrap();
         assert_eq!(out, bytes);
+        // Flag A (0x2): an acknowledgement rides along.
+        let mut with_ack = bytes;
+        with_ack[0] = 0x13;
+        let (a, _) = MrDataRepr::parse(&with_ack).unwrap();
+        assert!(a.ack && a.retransmit);
+        a.emit(&mut out).unwrap();
+        assert_eq!(out, with_ack);
     }
 
     #[test]

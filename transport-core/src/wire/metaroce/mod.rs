@@ -12,13 +12,15 @@
 //!              |   ACK delay (ns)  |  rate hint (Mb/s)  |  SACK bitvector (256 bits) |
 //! NACK    (16) |ver|flg| path |reason| rsvd |     path seq      | stream id | rsvd  |  msn  |
 //! probe   (16) |ver|flg| path |    rsvd     |     probe seq     | timestamp | ts echo |
+//! piggyback ACK (56), opening the body of a data packet whose data header has flag A:
+//!              | rsvd | cumulative PSN (24) |        ACK header (52)                    |
 //! ```
 
 mod ack;
 mod control;
 mod data;
 
-pub use ack::{MrAckRepr, SACK_BITS};
+pub use ack::{MrAckRepr, PiggyAck, SACK_BITS};
 pub use control::{MrNackRepr, MrProbeRepr, NackReason};
 pub use data::{MrDataRepr, MrRemoteRepr};
 

@@ -1,0 +1,228 @@
+//! Acknowledgements riding on data going the other way (flag A of the data header): a
+//! ping-pong needs one datagram each way, the ACK it carries works like a stand-alone one, and
+//! full-size packets never grow past a full packet.
+
+mod common;
+
+use common::{Pair, BASE};
+use transport_core::conn::{
+    Access, CompletionKind, Event, RecvRequest, Region, RemoteAddr, Status, WorkRequest, WrOp,
+};
+use transport_core::wire::metaroce::{MrDataRepr, PiggyAck};
+use transport_core::wire::{BthRepr, Extensions, Opcode};
+
+const KEY: u32 = 0x42;
+
+fn grant_both(p: &mut Pair) {
+    for side in [&mut p.a, &mut p.b] {
+        side.conn
+            .register(Region {
+                key: KEY,
+                base: BASE,
+                len: 1 << 16,
+                access: Access::REMOTE_WRITE.union(Access::LOCAL_WRITE),
+            })
+            .unwrap();
+    }
+}
+
+fn write_imm(id: u64, len: u32, at: u64, imm: u32) -> WorkRequest {
+    WorkRequest {
+        id,
+        op: WrOp::WriteWithImm(imm),
+        stream: 0,
+        local_addr: BASE + 0x8000,
+        len,
+        remote: RemoteAddr {
+            va: BASE + at,
+            rkey: KEY,
+        },
+    }
+}
+
+fn recv(id: u64) -> RecvRequest {
+    RecvRequest {
+        id,
+        stream: 0,
+        addr: BASE + 0xc000,
+        len: 0,
+    }
+}
+
+/// What one datagram is: (is an ACK alone, carries an ACK riding on data).
+fn kind(bytes: &[u8]) -> (bool, bool) {
+    let (_, rest) = BthRepr::parse(bytes).unwrap();
+    let ext = Extensions::parse(Opcode::layout_of(bytes[0]), rest)
+        .unwrap()
+        .0;
+    (
+        bytes[0] == Opcode::MrAck.to_u8(),
+        ext.mr_data().is_some_and(|d: MrDataRepr| d.ack),
+    )
+}
+
+/// What a runner does right after a post (its doorbell): the data packets first, with
+/// `poll_transmit_data`, so that an ACK that waits rides on them; the rest goes with
+/// `poll_transmit` later.
+fn doorbell(p: &mut Pair, on_a: bool) {
+    let mut buf = vec![0u8; 2048];
+    let (side, to_b) = if on_a {
+        (&mut p.a, true)
+    } else {
+        (&mut p.b, false)
+    };
+    while let Some(tx) = side.conn.poll_transmit_data(p.now, &mut buf) {
+        if tx.payload_len > 0 {
+            let at = (tx.payload_addr - BASE) as usize;
+            buf[tx.header_len..tx.header_len + tx.payload_len]
+                .copy_from_slice(&side.mem[at..at + tx.payload_len]);
+        }
+        side.conn.seal(&tx, &mut buf);
+        p.wire.push((to_b, tx.src_port, buf[..tx.len].to_vec()));
+    }
+}
+
+/// Moves everything on the wire, counting stand-alone ACKs and carried ones.
+fn exchange(p: &mut Pair, alone: &mut usize, carried: &mut usize) {
+    p.transmit();
+    for (to_b, port, bytes) in std::mem::take(&mut p.wire) {
+        let (a, c) = kind(&bytes);
+        *alone += usize::from(a);
+        *carried += usize::from(c);
+        p.deliver(to_b, port, &bytes).unwrap();
+    }
+    for side in [&mut p.a, &mut p.b] {
+        while let Some(e) = side.conn.poll_event() {
+            side.events.push(e);
+        }
+    }
+}
+
+fn recv_completions(events: &[Event]) -> usize {
+    events
+        .iter()
+        .filter(|e| {
+            matches!(e, Event::Completion(c)
+            if c.kind == CompletionKind::RecvWriteImm && c.status == Status::Success)
+        })
+        .count()
+}
+
+/// A ping-pong of Writes with immediate: each answer carries the ACK of the ping it answers and
+/// each ping the ACK of the previous answer, so no ACK travels alone until the exchange stops.
+#[test]
+fn a_ping_pong_carries_its_acks_on_the_data() {
+    let mut p = Pair::new();
+    grant_both(&mut p);
+    let (mut alone, mut carried) = (0, 0);
+    for i in 0..50u64 {
+        p.a.conn.post_recv(recv(1000 + i)).unwrap();
+        p.b.conn.post_recv(recv(2000 + i)).unwrap();
+        p.a.conn
+            .post(p.now, write_imm(i, 8, 0x100, i as u32))
+            .unwrap();
+        doorbell(&mut p, true);
+        exchange(&mut p, &mut alone, &mut carried);
+        assert_eq!(recv_completions(&p.b.events), i as usize + 1);
+        // B answers at once, before its next round could send the ACK on its own.
+        p.b.conn
+            .post(p.now, write_imm(i, 8, 0x200, i as u32))
+            .unwrap();
+        doorbell(&mut p, false);
+        exchange(&mut p, &mut alone, &mut carried);
+        assert_eq!(recv_completions(&p.a.events), i as usize + 1);
+        p.now += 1_000;
+    }
+    // Every ping after the first carried the ACK of the previous answer; every answer the ACK of
+    // its ping.
+    assert_eq!(carried, 99, "{alone} alone");
+    assert_eq!(alone, 0);
+    let (a, b) = (*p.a.conn.counters(), *p.b.conn.counters());
+    assert_eq!(a.acks_piggybacked, 49);
+    assert_eq!(b.acks_piggyback_received, 49);
+    assert_eq!(b.acks_piggybacked, 50);
+    assert_eq!(a.acks_piggyback_received, 50);
+    // The last answer is acknowledged alone, after the ACK delay; then everything completes.
+    p.settle();
+    let writes_done = |events: &[Event]| {
+        events
+            .iter()
+            .filter(|e| {
+                matches!(e, Event::Completion(c)
+                if c.kind == CompletionKind::Write && c.status == Status::Success)
+            })
+            .count()
+    };
+    assert_eq!(writes_done(&p.a.events), 50);
+    assert_eq!(writes_done(&p.b.events), 50);
+    assert!(p.a.conn.is_idle() && p.b.conn.is_idle());
+    // The RTT is measured through the carried ACKs too (B held each ping 0 ns here).
+    let rtt = p.a.conn.path_stats(0).unwrap().rtt_min;
+    assert!(rtt < 1_000, "RTT {rtt} ns");
+}
+
+/// A packet that fills the MTU carries no ACK (it would grow past a full packet); a short one
+/// does, and still carries its whole payload.
+#[test]
+fn only_packets_with_room_carry_an_ack() {
+    let mut p = Pair::new();
+    grant_both(&mut p);
+    let mtu = p.a.conn.config().mtu;
+    // Data from A to B so that B owes ACKs; B then answers with two Writes: one of a full packet,
+    // one with room for the ACK.
+    p.a.conn.post(p.now, write_imm(1, 64, 0x100, 1)).unwrap();
+    p.b.conn.post_recv(recv(7)).unwrap();
+    p.transmit();
+    for (to_b, port, bytes) in std::mem::take(&mut p.wire) {
+        p.deliver(to_b, port, &bytes).unwrap();
+    }
+    let mut full = write_imm(2, mtu, 0x1000, 2);
+    full.op = WrOp::Write;
+    p.b.conn.post(p.now, full).unwrap();
+    doorbell(&mut p, false);
+    p.transmit();
+    let sent = std::mem::take(&mut p.wire);
+    let data: Vec<_> = sent
+        .iter()
+        .filter(|w| w.2[0] == Opcode::MrWrite.to_u8())
+        .collect();
+    assert_eq!(data.len(), 1);
+    assert!(!kind(&data[0].2).1, "a full packet carried an ACK");
+    assert!(
+        data[0].2.len() <= BthRepr::LEN + 24 + 12 + mtu as usize + 4,
+        "{} bytes",
+        data[0].2.len()
+    );
+    // Its ACK went alone instead.
+    assert!(sent.iter().any(|w| kind(&w.2).0));
+    for (to_b, port, bytes) in sent {
+        p.deliver(to_b, port, &bytes).unwrap();
+    }
+    // Now a short Write from B while an ACK is owed: it carries it, and the payload lands whole.
+    p.a.conn.post(p.now, write_imm(3, 64, 0x100, 3)).unwrap();
+    p.b.conn.post_recv(recv(8)).unwrap();
+    p.transmit();
+    for (to_b, port, bytes) in std::mem::take(&mut p.wire) {
+        p.deliver(to_b, port, &bytes).unwrap();
+    }
+    let short_src = 0x8000usize;
+    p.b.mem[short_src..short_src + 100].copy_from_slice(&[0xab; 100]);
+    let mut short = write_imm(4, 100, 0x3000, 4);
+    short.op = WrOp::Write;
+    p.b.conn.post(p.now, short).unwrap();
+    doorbell(&mut p, false);
+    p.transmit();
+    let sent = std::mem::take(&mut p.wire);
+    let carrying: Vec<_> = sent.iter().filter(|w| kind(&w.2).1).collect();
+    assert_eq!(carrying.len(), 1);
+    assert_eq!(
+        carrying[0].2.len(),
+        BthRepr::LEN + 24 + 12 + PiggyAck::LEN + 100 + 4
+    );
+    for (to_b, port, bytes) in sent {
+        p.deliver(to_b, port, &bytes).unwrap();
+    }
+    assert!(p.a.mem[0x3000..0x3000 + 100].iter().all(|&b| b == 0xab));
+    p.settle();
+    assert!(p.a.conn.is_idle() && p.b.conn.is_idle());
+}
