@@ -253,6 +253,8 @@ pub(crate) struct Engine {
     queued: Vec<usize>,
     /// Datagrams the next receive call asks for (1 to `RX_BATCH`).
     rx_want: usize,
+    /// The last receive call filled up.
+    rx_full: bool,
     /// Reused by `transmit` (no allocation per round).
     qpn_list: Vec<u32>,
     /// Progress rounds so far.
@@ -298,6 +300,7 @@ impl Engine {
             qpn_list: Vec::new(),
             rounds: 0,
             rx_want: 1,
+            rx_full: false,
             dirty: true,
             deadline: u64::MAX,
             deadline_stale: true,
@@ -347,16 +350,23 @@ impl Engine {
         }
         // Datagrams asked for per call: one while they come one at a time (a ping-pong: no
         // second attempt on an empty queue inside the call, and an answer is handed over before
-        // what arrived after it is read), doubling while every call fills up, to a full batch.
+        // what arrived after it is read), doubling while calls in a row fill up, to a full
+        // batch. A call that fills up after empty ones (the next ping) does not double.
         let mut got_any = false;
         for _ in 0..RX_ROUNDS {
             let want = self.rx_want;
             let got = self.receive(now, want);
             got_any |= got > 0;
             if got == want {
-                self.rx_want = (want * 2).min(RX_BATCH);
-            } else if got > 0 {
-                self.rx_want = got / 2 + 1;
+                if self.rx_full {
+                    self.rx_want = (want * 2).min(RX_BATCH);
+                }
+                self.rx_full = true;
+            } else {
+                self.rx_full = false;
+                if got > 0 {
+                    self.rx_want = got / 2 + 1;
+                }
             }
             if got < RX_BATCH {
                 break;
