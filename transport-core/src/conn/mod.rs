@@ -998,6 +998,15 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// one has room.
     fn pick_path(&mut self, avoid: Option<usize>) -> Option<usize> {
         let n = usize::from(self.cfg.paths);
+        if avoid.is_none() && self.una == self.nxt {
+            // Nothing in flight (one message at a time, a ping-pong): spraying gains nothing, so
+            // stay on the last path while it is idle and healthy; its socket and route stay warm.
+            let last = (self.rr + n - 1) % n;
+            let p = &self.paths[last];
+            if p.state == PathState::Active && p.next_seq == p.una && p.stats.sent > 0 {
+                return Some(last);
+            }
+        }
         let mut fallback = None;
         for k in 0..n {
             let i = (self.rr + k) % n;
