@@ -148,6 +148,19 @@ fn grant_more(p: &mut Pair) {
 
 /// A forged data packet: a Write of 8 bytes at `va` with `rkey`, from path 0.
 fn forged(qpn: u32, pkey: u16, psn: u32, va: u64, rkey: u32) -> (u16, Vec<u8>) {
+    forged_with(qpn, pkey, psn, va, rkey, false, &[])
+}
+
+/// The same, with flag A set as `ack` says and `before` between the headers and the payload.
+fn forged_with(
+    qpn: u32,
+    pkey: u16,
+    psn: u32,
+    va: u64,
+    rkey: u32,
+    ack: bool,
+    before: &[u8],
+) -> (u16, Vec<u8>) {
     let cfg = common::config(1, 2);
     let port = transport_core::conn::entropy_port(cfg.entropy_seed, 0, 0);
     let bth = BthRepr {
@@ -164,16 +177,19 @@ fn forged(qpn: u32, pkey: u16, psn: u32, va: u64, rkey: u32) -> (u16, Vec<u8>) {
         psn: Psn::new(psn),
     };
     let data = MrDataRepr {
+        ack,
         path_id: 0,
         path_seq: 0,
         msg_len: 8,
         ..Default::default()
     };
     let ext = Extensions::MrRemote(data, MrRemoteRepr { va, rkey });
-    let mut buf = vec![0u8; 128];
+    let mut buf = vec![0u8; 128 + before.len()];
     let rest = bth.emit(&mut buf).unwrap();
-    let n = 12 + ext.len();
     ext.emit(bth.opcode.layout(), rest).unwrap();
+    let mut n = 12 + ext.len();
+    buf[n..n + before.len()].copy_from_slice(before);
+    n += before.len();
     buf[n..n + 8].copy_from_slice(&[0xee; 8]);
     let icrc = compute_icrc(cfg.local_ip, cfg.remote_ip, port, 4791, &buf[..n + 8]);
     buf[n + 8..n + 12].copy_from_slice(&icrc.to_le_bytes());
@@ -791,61 +807,22 @@ fn every_send_held_back_for_a_receive_buffer_goes_again_in_its_time() {
 #[test]
 fn a_carried_ack_must_be_whole() {
     use transport_core::wire::metaroce::{MrAckRepr, PiggyAck};
-    let build = |with_block: bool| {
-        let cfg = common::config(1, 2);
-        let port = transport_core::conn::entropy_port(cfg.entropy_seed, 0, 0);
-        let bth = BthRepr {
-            opcode: Opcode::MrWrite,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            tver: 0,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            dest_qp: Qpn::new(2),
-            ack_req: false,
-            psn: Psn::new(0),
-        };
-        let data = MrDataRepr {
-            ack: true,
-            msg_len: 8,
-            ..Default::default()
-        };
-        let ext = Extensions::MrRemote(
-            data,
-            MrRemoteRepr {
-                va: BASE + 0x40,
-                rkey: KEY,
-            },
-        );
-        let mut buf = vec![0u8; 256];
-        let rest = bth.emit(&mut buf).unwrap();
-        ext.emit(bth.opcode.layout(), rest).unwrap();
-        let mut n = 12 + ext.len();
-        if with_block {
-            let block = PiggyAck {
-                cum_psn: Psn::new(0),
-                ack: MrAckRepr::default(),
-            };
-            block.emit(&mut buf[n..]).unwrap();
-            n += PiggyAck::LEN;
-        }
-        buf[n..n + 8].copy_from_slice(&[0xee; 8]);
-        let icrc = compute_icrc(cfg.local_ip, cfg.remote_ip, port, 4791, &buf[..n + 8]);
-        buf[n + 8..n + 12].copy_from_slice(&icrc.to_le_bytes());
-        buf.truncate(n + 12);
-        (port, buf)
-    };
+    let mut block = vec![0u8; PiggyAck::LEN];
+    PiggyAck {
+        cum_psn: Psn::new(0),
+        ack: MrAckRepr::default(),
+    }
+    .emit(&mut block)
+    .unwrap();
     let mut p = Pair::new();
     grant(&mut p, Access::REMOTE_WRITE, BASE, MEM as u64);
     let before = p.b.mem.clone();
-    let (port, short) = build(false);
+    let (port, short) = forged_with(2, 0xffff, 0, BASE + 0x40, KEY, true, &[]);
     assert_eq!(p.deliver(true, port, &short), Err(DropReason::Malformed));
     assert!(p.b.mem == before);
     let c = *p.b.conn.counters();
     assert_eq!((c.acks_piggyback_received, c.data_received), (0, 0));
-    let (port, whole) = build(true);
+    let (port, whole) = forged_with(2, 0xffff, 0, BASE + 0x40, KEY, true, &block);
     assert!(p.deliver(true, port, &whole).is_ok());
     assert_eq!(&p.b.mem[0x40..0x48], &[0xee; 8]);
     let c = *p.b.conn.counters();

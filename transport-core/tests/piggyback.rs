@@ -61,27 +61,6 @@ fn kind(bytes: &[u8]) -> (bool, bool) {
     )
 }
 
-/// What a runner does right after a post (its doorbell): the data packets first, with
-/// `poll_transmit_data`, so that an ACK that waits rides on them; the rest goes with
-/// `poll_transmit` later.
-fn doorbell(p: &mut Pair, on_a: bool) {
-    let mut buf = vec![0u8; 2048];
-    let (side, to_b) = if on_a {
-        (&mut p.a, true)
-    } else {
-        (&mut p.b, false)
-    };
-    while let Some(tx) = side.conn.poll_transmit_data(p.now, &mut buf) {
-        if tx.payload_len > 0 {
-            let at = (tx.payload_addr - BASE) as usize;
-            buf[tx.header_len..tx.header_len + tx.payload_len]
-                .copy_from_slice(&side.mem[at..at + tx.payload_len]);
-        }
-        side.conn.seal(&tx, &mut buf);
-        p.wire.push((to_b, tx.src_port, buf[..tx.len].to_vec()));
-    }
-}
-
 /// Moves everything on the wire, counting stand-alone ACKs and carried ones.
 fn exchange(p: &mut Pair, alone: &mut usize, carried: &mut usize) {
     p.transmit();
@@ -121,14 +100,14 @@ fn a_ping_pong_carries_its_acks_on_the_data() {
         p.a.conn
             .post(p.now, write_imm(i, 8, 0x100, i as u32))
             .unwrap();
-        doorbell(&mut p, true);
+        p.doorbell(true);
         exchange(&mut p, &mut alone, &mut carried);
         assert_eq!(recv_completions(&p.b.events), i as usize + 1);
         // B answers at once, before its next round could send the ACK on its own.
         p.b.conn
             .post(p.now, write_imm(i, 8, 0x200, i as u32))
             .unwrap();
-        doorbell(&mut p, false);
+        p.doorbell(false);
         exchange(&mut p, &mut alone, &mut carried);
         assert_eq!(recv_completions(&p.a.events), i as usize + 1);
         p.now += 1_000;
@@ -185,7 +164,7 @@ fn only_packets_with_room_carry_an_ack() {
     let mut full = write_imm(2, mtu, 0x1000, 2);
     full.op = WrOp::Write;
     p.b.conn.post(p.now, full).unwrap();
-    doorbell(&mut p, false);
+    p.doorbell(false);
     p.transmit();
     let sent = std::mem::take(&mut p.wire);
     let data: Vec<_> = sent
@@ -216,7 +195,7 @@ fn only_packets_with_room_carry_an_ack() {
     let mut short = write_imm(4, 100, 0x3000, 4);
     short.op = WrOp::Write;
     p.b.conn.post(p.now, short).unwrap();
-    doorbell(&mut p, false);
+    p.doorbell(false);
     p.transmit();
     let sent = std::mem::take(&mut p.wire);
     let carrying: Vec<_> = sent.iter().filter(|w| kind(&w.2).1).collect();

@@ -59,17 +59,38 @@ impl Pair {
 
     /// Lets both sides transmit everything they have onto the wire.
     pub fn transmit(&mut self) {
+        self.send_from(true, false);
+        self.send_from(false, false);
+    }
+
+    /// What a runner does right after a post on one side (its doorbell): the data packets first,
+    /// with `poll_transmit_data`, so that an ACK that waits rides on them.
+    #[allow(dead_code)] // not every test file rings doorbells
+    pub fn doorbell(&mut self, on_a: bool) {
+        self.send_from(on_a, true);
+    }
+
+    fn send_from(&mut self, on_a: bool, data_only: bool) {
         let mut buf = vec![0u8; 2048];
-        for (to_b, side) in [(true, &mut self.a), (false, &mut self.b)] {
-            while let Some(tx) = side.conn.poll_transmit(self.now, &mut buf) {
-                if tx.payload_len > 0 {
-                    let at = (tx.payload_addr - BASE) as usize;
-                    buf[tx.header_len..tx.header_len + tx.payload_len]
-                        .copy_from_slice(&side.mem[at..at + tx.payload_len]);
-                }
-                side.conn.seal(&tx, &mut buf);
-                self.wire.push((to_b, tx.src_port, buf[..tx.len].to_vec()));
+        let (side, to_b) = if on_a {
+            (&mut self.a, true)
+        } else {
+            (&mut self.b, false)
+        };
+        loop {
+            let next = if data_only {
+                side.conn.poll_transmit_data(self.now, &mut buf)
+            } else {
+                side.conn.poll_transmit(self.now, &mut buf)
+            };
+            let Some(tx) = next else { break };
+            if tx.payload_len > 0 {
+                let at = (tx.payload_addr - BASE) as usize;
+                buf[tx.header_len..tx.header_len + tx.payload_len]
+                    .copy_from_slice(&side.mem[at..at + tx.payload_len]);
             }
+            side.conn.seal(&tx, &mut buf);
+            self.wire.push((to_b, tx.src_port, buf[..tx.len].to_vec()));
         }
     }
 
