@@ -77,14 +77,19 @@ fn exchange(p: &mut Pair, alone: &mut usize, carried: &mut usize) {
     }
 }
 
-fn recv_completions(events: &[Event]) -> usize {
+/// Successful completions of `kind`.
+fn done(events: &[Event], kind: CompletionKind) -> usize {
     events
         .iter()
         .filter(|e| {
             matches!(e, Event::Completion(c)
-            if c.kind == CompletionKind::RecvWriteImm && c.status == Status::Success)
+            if c.kind == kind && c.status == Status::Success)
         })
         .count()
+}
+
+fn recv_completions(events: &[Event]) -> usize {
+    done(events, CompletionKind::RecvWriteImm)
 }
 
 /// A ping-pong of Writes with immediate: each answer carries the ACK of the ping it answers and
@@ -123,17 +128,8 @@ fn a_ping_pong_carries_its_acks_on_the_data() {
     assert_eq!(a.acks_piggyback_received, 50);
     // The last answer is acknowledged alone, after the ACK delay; then everything completes.
     p.settle();
-    let writes_done = |events: &[Event]| {
-        events
-            .iter()
-            .filter(|e| {
-                matches!(e, Event::Completion(c)
-                if c.kind == CompletionKind::Write && c.status == Status::Success)
-            })
-            .count()
-    };
-    assert_eq!(writes_done(&p.a.events), 50);
-    assert_eq!(writes_done(&p.b.events), 50);
+    assert_eq!(done(&p.a.events, CompletionKind::Write), 50);
+    assert_eq!(done(&p.b.events, CompletionKind::Write), 50);
     assert!(p.a.conn.is_idle() && p.b.conn.is_idle());
     // One message at a time: every ping stayed on the first path (nothing in flight to spray),
     // and its RTT is measured through the carried ACKs (B held each ping 0 ns here).
