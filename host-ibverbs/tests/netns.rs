@@ -193,6 +193,35 @@ fn real_loss_of_1_5_and_10_percent_every_byte_once() {
     }
 }
 
+/// The ping-pong tools under 5% real loss: every answer verified, the ACKs carried both ways
+/// (by the answers, Read responses included, and by the next pings), so a lost datagram also
+/// loses the ACK it carried, which the timers repair.
+#[test]
+#[ignore = "needs root for network namespaces; scripts/test.sh runs it"]
+fn ping_pongs_under_real_loss_verify_every_answer() {
+    let _one_at_a_time = serial();
+    let h = Hosts::new();
+    h.loss(50);
+    for test in ["write-lat", "send-lat", "read-lat"] {
+        let p = h.run(test, &["-s", "64", "-n", "2000", "--paths", "4"]);
+        assert_success(&p);
+        let r = &p.client_json()[0];
+        assert_eq!(r["verified"], true, "{test}: {r}");
+        assert_eq!(r["iterations"], 2000, "{test}");
+        let carried = server_counter(&p, "acks_piggybacked");
+        let received = server_counter(&p, "acks_piggyback_received");
+        assert!(
+            carried > 1000,
+            "{test}: the server's answers carried {carried} ACKs"
+        );
+        assert!(received > 1000, "{test}: the pings carried {received} ACKs");
+        assert!(
+            server_counter(&p, "retransmits") > 0,
+            "{test}: nothing was lost"
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs root for network namespaces; scripts/test.sh runs it"]
 fn ecn_marks_set_in_the_kernel_reach_both_ends() {

@@ -207,3 +207,56 @@ fn only_packets_with_room_carry_an_ack() {
     p.settle();
     assert!(p.a.conn.is_idle() && p.b.conn.is_idle());
 }
+
+/// A Read response the connection sends on its own (no doorbell) goes before the control
+/// queue and carries the ACK of the Read request: one datagram each way.
+#[test]
+fn a_read_response_carries_the_ack_of_its_request() {
+    let mut p = Pair::new();
+    p.b.conn
+        .register(Region {
+            key: KEY,
+            base: BASE,
+            len: 1 << 16,
+            access: Access::REMOTE_READ,
+        })
+        .unwrap();
+    p.a.conn
+        .register(Region {
+            key: KEY,
+            base: BASE,
+            len: 1 << 16,
+            access: Access::LOCAL_WRITE,
+        })
+        .unwrap();
+    p.b.mem[0x100..0x140].copy_from_slice(&[0x5a; 64]);
+    let (mut alone, mut carried) = (0, 0);
+    for i in 0..10u64 {
+        p.a.conn
+            .post(
+                p.now,
+                WorkRequest {
+                    id: i,
+                    op: WrOp::Read,
+                    stream: 0,
+                    local_addr: BASE + 0x2000,
+                    len: 64,
+                    remote: RemoteAddr {
+                        va: BASE + 0x100,
+                        rkey: KEY,
+                    },
+                },
+            )
+            .unwrap();
+        p.doorbell(true);
+        exchange(&mut p, &mut alone, &mut carried);
+        exchange(&mut p, &mut alone, &mut carried);
+        assert_eq!(done(&p.a.events, CompletionKind::Read), i as usize + 1);
+        p.now += 1_000;
+    }
+    assert_eq!(alone, 0, "{carried} carried");
+    // Every response carried the ACK of its request; every request after the first, the ACK of
+    // the previous response.
+    assert_eq!(carried, 19);
+    assert!(p.a.mem[0x2000..0x2040].iter().all(|&b| b == 0x5a));
+}

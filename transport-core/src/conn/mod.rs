@@ -368,6 +368,8 @@ pub struct Connection<
     send_hint: u32,
     /// Something may be waiting in the control queues (ACK, probe reply, probe, NACK).
     control_dirty: bool,
+    /// A Read or atomic response was queued since the last `poll_transmit`.
+    response_ready: bool,
     tx_streams: [TxStream; S],
     // Receiver.
     rx_paths: [RxPath; P],
@@ -447,6 +449,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             rr: 0,
             send_hint: 0,
             control_dirty: false,
+            response_ready: false,
             tx_streams: [TxStream {
                 next_msn: 0,
                 next_read: 0,
@@ -570,6 +573,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     fn push_msg(&mut self, m: TxMsg) {
         self.msgs[self.msg_tail as usize % Q] = Some(m);
         self.msg_tail = self.msg_tail.wrapping_add(1);
+    }
+
+    /// Queues a response (Read or atomic) this end sends on its own.
+    fn push_response(&mut self, m: TxMsg) {
+        self.push_msg(m);
+        self.response_ready = true;
     }
 
     /// Posts a receive buffer for the stream's next message.
@@ -786,10 +795,19 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 
     /// Writes the next datagram's headers into `buf` (which must hold an MTU plus 128 bytes):
     /// control packets first (NACKs, ACKs, probes: small, and the peer's timers wait on them),
-    /// then data.
+    /// then data; except that the first packet of a Read or atomic response just queued goes
+    /// before them, carrying the ACK of its request.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         if buf.len() < self.cfg.mtu as usize + 128 {
             return None;
+        }
+        if self.response_ready {
+            // A response the connection made itself (nobody rings a doorbell for it): its
+            // first packet goes first and carries the ACK of the request.
+            self.response_ready = false;
+            if let Some(t) = self.poll_transmit_data(now, buf) {
+                return Some(t);
+            }
         }
         if let Some(t) = self.transmit_control(now, buf) {
             return Some(t);
@@ -1740,7 +1758,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 let mut m = TxMsg::response(MsgKind::ReadResponse, data.stream_id, data.msn, npkts);
                 m.local_addr = va;
                 m.len = data.msg_len;
-                self.push_msg(m);
+                self.push_response(m);
                 Delivery::Nothing
             }
             Opcode::MrReadResponse => self.read_response(&data, payload_at, payload_len),
@@ -1946,7 +1964,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let mut m = TxMsg::response(MsgKind::AtomicResponse, p.stream, p.msn, 1);
         m.len = 8;
         m.atomic = (orig, 0, false);
-        self.push_msg(m);
+        self.push_response(m);
     }
 
     /// An atomic the runner was asked to perform but never reported: refuse it.
