@@ -21,7 +21,7 @@ cargo build -q --release -p host-ibverbs --bin metaroce --example udp_pingpong
 M=target/release/metaroce
 P=target/release/examples/udp_pingpong
 py() { python3 -c "$1"; }
-bw_tcp=(); bw_mr=(); lat_udp50=(); lat_udp99=(); lat_mr50=(); lat_mr99=(); lat_like50=()
+bw_tcp=(); bw_mr=(); lat_udp50=(); lat_udp99=(); lat_mr50=(); lat_mr99=(); lat_like50=(); lat_like99=()
 for r in $(seq 1 "$ROUNDS"); do
   iperf3 -s -1 -p 5299 >/dev/null 2>&1 &
   sleep 0.3
@@ -48,19 +48,22 @@ for r in $(seq 1 "$ROUNDS"); do
   l50=$(echo "$l" | py 'import json,sys; print(json.load(sys.stdin)["p50_us"])')
   l99=$(echo "$l" | py 'import json,sys; print(json.load(sys.stdin)["p99_us"])')
   ul50=$(echo "$ul" | py 'import json,sys; print(json.load(sys.stdin)["p50_us"])')
-  printf 'round %d: iperf3 %.2f Gb/s, write-bw %.2f Gb/s (%.2fx); udp ping-pong p50 %.2f p99 %.2f us, write-lat p50 %.2f p99 %.2f us (%.2fx, %.2fx); like-transport ping-pong p50 %.2f us (%.2fx)\n' \
-    "$r" "$t" "$m" "$(py "print($m/$t)")" "$u50" "$u99" "$l50" "$l99" "$(py "print($l50/$u50)")" "$(py "print($l99/$u99)")" "$ul50" "$(py "print($l50/$ul50)")"
-  bw_tcp+=("$t"); bw_mr+=("$m"); lat_udp50+=("$u50"); lat_udp99+=("$u99"); lat_mr50+=("$l50"); lat_mr99+=("$l99"); lat_like50+=("$ul50")
+  ul99=$(echo "$ul" | py 'import json,sys; print(json.load(sys.stdin)["p99_us"])')
+  printf 'round %d: iperf3 %.2f Gb/s, write-bw %.2f Gb/s (%.2fx); udp ping-pong p50 %.2f p99 %.2f us, write-lat p50 %.2f p99 %.2f us (%.2fx, %.2fx); like-transport ping-pong p50 %.2f p99 %.2f us (write-lat %.2fx, %.2fx)\n' \
+    "$r" "$t" "$m" "$(py "print($m/$t)")" "$u50" "$u99" "$l50" "$l99" "$(py "print($l50/$u50)")" "$(py "print($l99/$u99)")" "$ul50" "$ul99" "$(py "print($l50/$ul50)")" "$(py "print($l99/$ul99)")"
+  bw_tcp+=("$t"); bw_mr+=("$m"); lat_udp50+=("$u50"); lat_udp99+=("$u99"); lat_mr50+=("$l50"); lat_mr99+=("$l99"); lat_like50+=("$ul50"); lat_like99+=("$ul99")
 done
 join() { local IFS=,; echo "$*"; }
 py "
 import statistics as s
 t=[$(join "${bw_tcp[@]}")]; m=[$(join "${bw_mr[@]}")]
 u50=[$(join "${lat_udp50[@]}")]; u99=[$(join "${lat_udp99[@]}")]
-l50=[$(join "${lat_mr50[@]}")]; l99=[$(join "${lat_mr99[@]}")]; k50=[$(join "${lat_like50[@]}")]
+l50=[$(join "${lat_mr50[@]}")]; l99=[$(join "${lat_mr99[@]}")]; k50=[$(join "${lat_like50[@]}")]; k99=[$(join "${lat_like99[@]}")]
 print('median write-bw / iperf3: %.2fx (%.2f / %.2f Gb/s)' % (s.median([a/b for a,b in zip(m,t)]), s.median(m), s.median(t)))
 print('median write-lat p50 / udp ping-pong p50: %.2fx (%.2f / %.2f us)' % (s.median([a/b for a,b in zip(l50,u50)]), s.median(l50), s.median(u50)))
 print('median write-lat p99 / udp ping-pong p99: %.2fx (%.2f / %.2f us)' % (s.median([a/b for a,b in zip(l99,u99)]), s.median(l99), s.median(u99)))
 print('median like-transport ping-pong p50 / udp ping-pong p50: %.2fx (%.2f us)' % (s.median([a/b for a,b in zip(k50,u50)]), s.median(k50)))
+print('median like-transport ping-pong p99 / udp ping-pong p99: %.2fx (%.2f us)' % (s.median([a/b for a,b in zip(k99,u99)]), s.median(k99)))
 print('median write-lat p50 / like-transport ping-pong p50: %.2fx' % s.median([a/b for a,b in zip(l50,k50)]))
+print('median write-lat p99 / like-transport ping-pong p99: %.2fx' % s.median([a/b for a,b in zip(l99,k99)]))
 "
