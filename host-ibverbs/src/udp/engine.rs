@@ -21,9 +21,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 use std::time::Duration;
 use transport_core::conn::{atomic_new_value, Connection, Delivery, Event, Region};
-use transport_core::wire::{
-    Ecn, EtherType, EthernetRepr, Ipv4Repr, Ipv6Repr, MacAddr, Opcode, UdpRepr,
-};
+use transport_core::wire::{Ecn, EtherType, EthernetRepr, Ipv4Repr, Ipv6Repr, MacAddr, UdpRepr};
 
 /// Paths per connection at most.
 pub const MAX_PATHS: usize = 64;
@@ -666,18 +664,6 @@ impl Engine {
                 self.stages.len() - 1
             }
         };
-        if d.first() == Some(&Opcode::MrNack.to_u8()) {
-            // A refusal must not fall behind the acknowledgements staged after it on other
-            // paths (one could move the peer's window past the refused request): it leaves now,
-            // after what its own path already holds.
-            self.flush_one(idx);
-            let sock = self.tx[&src_port].sock.as_ref().unwrap_or(&self.rx);
-            self.counters.tx_syscalls += 1;
-            if sock.send(&dst, d, 0).is_err() {
-                self.counters.tx_errors += 1;
-            }
-            return;
-        }
         let gso = self.gso;
         let s = &mut self.stages[idx];
         if s.msgs.is_empty() {

@@ -328,12 +328,10 @@ struct PendingNack {
 #[derive(Debug, Clone, Copy)]
 struct Refusal {
     pending: PendingNack,
-    /// Send (again) at the next transmit.
-    send: bool,
+    /// When its NACK goes (again): 0 until it is first sent.
+    due: Instant,
     /// Sent at least once.
     sent: bool,
-    /// When to send again if still unconfirmed.
-    resend_at: Instant,
 }
 
 /// A connection with capacities: `P` paths, `W` packets in flight, `S` streams, `Q` messages and
@@ -669,9 +667,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             at(w);
         }
         for r in self.refusals.iter().flatten() {
-            if !r.send {
-                at(r.resend_at);
-            }
+            at(r.due);
         }
         t
     }
@@ -703,14 +699,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if self.retx_wake.is_some_and(|w| now >= w) {
             self.retx_wake = None;
         }
-        for r in self.refusals.iter_mut().flatten() {
-            if !r.send && now >= r.resend_at {
-                r.send = true;
-                self.control_dirty = true;
-            }
+        if self.refusals.iter().flatten().any(|r| now >= r.due) {
+            self.control_dirty = true;
         }
-        // A packet the path layer saw arrive but the peer never accepted (a refusal whose NACK
-        // was lost): send it again once the long timeout has passed.
+        // A packet the path layer saw arrive but the peer never accepted (refused while its
+        // refusal table was full, or the ACK that would have covered it was lost): send it
+        // again once the long timeout has passed.
         if self.una != self.nxt {
             let idx = self.una.get() as usize % W;
             let pk = self.pkts[idx];
@@ -919,14 +913,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         // NACKs first: they are rare and unblock the peer.
         let mut pending = self.nacks.iter_mut().find_map(Option::take);
         if pending.is_none() {
-            let resend_at = now + self.cfg.refusal_resend;
-            if let Some(r) = self.refusals.iter_mut().flatten().find(|r| r.send) {
+            let next = now + self.cfg.refusal_resend;
+            if let Some(r) = self.refusals.iter_mut().flatten().find(|r| now >= r.due) {
                 if r.sent {
                     self.counters.nacks_resent += 1;
                 }
                 r.sent = true;
-                r.send = false;
-                r.resend_at = resend_at;
+                r.due = next;
                 pending = Some(r.pending);
             }
         }
@@ -1424,31 +1417,22 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 self.control_dirty = true;
             }
         }
-        let refused = if self.in_tx_window(psn) {
-            let idx = psn.get() as usize % W;
-            if nack.reason == NackReason::ReceiverNotReady {
-                self.pkts[idx].acked = false;
-                // Forget which transmission this was, so that its ACK cannot mark it delivered.
-                self.pkts[idx].path = NO_PATH;
-                let wake = now + self.cfg.rnr_delay;
-                self.queue_retx(psn, wake);
-                self.retx_wake = Some(self.retx_wake.map_or(wake, |w| w.min(wake)));
-                return;
-            }
-            self.msgs[self.pkts[idx].msg as usize % Q].as_mut()
-        } else if nack.reason != NackReason::ReceiverNotReady {
-            // An ACK on another path overtook this NACK and moved the window past the request.
-            // A Read or atomic is still waiting for its response: find it by stream and MSN.
-            self.msgs.iter_mut().flatten().find(|m| {
-                !m.done
-                    && matches!(m.kind, MsgKind::Read | MsgKind::Atomic)
-                    && m.stream == nack.stream_id
-                    && m.msn == nack.msn
-            })
-        } else {
-            None
-        };
-        if let Some(m) = refused {
+        // The window cannot have passed a fatally refused PSN: it moves only on ACKs without the
+        // refusals flag, which come after our confirmation. Out of the window means a repeat.
+        if !self.in_tx_window(psn) {
+            return;
+        }
+        let idx = psn.get() as usize % W;
+        if nack.reason == NackReason::ReceiverNotReady {
+            self.pkts[idx].acked = false;
+            // Forget which transmission this was, so that its ACK cannot mark it delivered.
+            self.pkts[idx].path = NO_PATH;
+            let wake = now + self.cfg.rnr_delay;
+            self.queue_retx(psn, wake);
+            self.retx_wake = Some(self.retx_wake.map_or(wake, |w| w.min(wake)));
+            return;
+        }
+        if let Some(m) = self.msgs[self.pkts[idx].msg as usize % Q].as_mut() {
             if !m.done {
                 m.done = true;
                 m.status = Status::Refused(nack.reason);
@@ -1877,9 +1861,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             };
             *slot = Some(Refusal {
                 pending,
-                send: true,
+                due: 0,
                 sent: false,
-                resend_at: 0,
             });
             self.accept(psn);
         } else if let Some(slot) = self.nacks.iter_mut().find(|s| s.is_none()) {
