@@ -37,6 +37,12 @@ impl Transport {
     }
 }
 
+/// A verbs scatter-gather length (32 bits).
+#[cfg(feature = "verbs")]
+fn verbs_len(len: usize) -> Result<u32, PerfError> {
+    u32::try_from(len).map_err(|_| PerfError::Invalid("message larger than 4 GiB".into()))
+}
+
 /// A registered memory region of either backend.
 pub(crate) enum Mr {
     Udp(udp::MemoryRegion),
@@ -203,8 +209,7 @@ impl Endpoint {
             }
             #[cfg(feature = "verbs")]
             (Be::Verbs(v), Mr::Verbs(m)) => {
-                let len = u32::try_from(len)
-                    .map_err(|_| PerfError::Invalid("message larger than 4 GiB".into()))?;
+                let len = verbs_len(len)?;
                 let wr = crate::verbs::SendWr {
                     wr_id,
                     op,
@@ -245,8 +250,7 @@ impl Endpoint {
             }
             #[cfg(feature = "verbs")]
             (Be::Verbs(v), Mr::Verbs(m)) => {
-                let len = u32::try_from(len)
-                    .map_err(|_| PerfError::Invalid("message larger than 4 GiB".into()))?;
+                let len = verbs_len(len)?;
                 v.qps[qp].post_recv(wr_id, m, offset, len)?;
                 Ok(())
             }
