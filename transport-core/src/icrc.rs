@@ -39,6 +39,17 @@ impl Hasher {
         Hasher { inner }
     }
 
+    /// Continues from `crc`, the CRC-32 of the bytes hashed so far.
+    #[inline(always)]
+    fn resume(crc: u32) -> Self {
+        #[cfg(feature = "fast-crc")]
+        let inner = crc32fast::Hasher::new_with_initial(crc);
+        // The table engine takes the register's value before the final XOR, unreflected.
+        #[cfg(not(feature = "fast-crc"))]
+        let inner = TABLE.digest_with_initial((crc ^ 0xffff_ffff).reverse_bits());
+        Hasher { inner }
+    }
+
     #[inline(always)]
     fn update(&mut self, bytes: &[u8]) {
         self.inner.update(bytes);
@@ -68,6 +79,13 @@ pub fn crc32(bytes: &[u8]) -> u32 {
 /// pad (the ICRC itself excluded). Which IP version applies is read from `ip_header`. Inputs that
 /// are shorter than their headers are hashed as they are; this function never panics.
 pub fn compute(ip_header: &[u8], udp_header: &[u8], transport: &[u8]) -> u32 {
+    finish(prefix(ip_header, udp_header), transport)
+}
+
+/// The first half of [`compute`]: the CRC-32 of the masked LRH, IP header and UDP header alone.
+/// A sender or receiver that sees the same addresses, ports and length again can keep it and
+/// hand it to [`finish`] with each packet's transport bytes.
+pub fn prefix(ip_header: &[u8], udp_header: &[u8]) -> u32 {
     let mut prefix = [0xffu8; PREFIX_MAX];
     let ip_len = ip_header.len().min(60);
     let ip = &mut prefix[8..8 + ip_len];
@@ -96,14 +114,20 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], transport: &[u8]) -> u32 {
         prefix[n + 7] = 0xff;
     }
     n += udp_len;
+    crc32(&prefix[..n])
+}
+
+/// The second half of [`compute`]: continues the CRC `prefix` (from [`prefix`]) over the
+/// transport bytes, BTH byte 4 masked, and returns the ICRC.
+pub fn finish(prefix: u32, transport: &[u8]) -> u32 {
+    let mut bth = [0xffu8; 12];
     let bth_len = transport.len().min(12);
-    prefix[n..n + bth_len].copy_from_slice(&transport[..bth_len]);
+    bth[..bth_len].copy_from_slice(&transport[..bth_len]);
     if bth_len > 4 {
-        prefix[n + 4] = 0xff;
+        bth[4] = 0xff;
     }
-    n += bth_len;
-    let mut h = Hasher::new();
-    h.update(&prefix[..n]);
+    let mut h = Hasher::resume(prefix);
+    h.update(&bth[..bth_len]);
     h.update(&transport[bth_len..]);
     h.finish()
 }
@@ -134,6 +158,35 @@ mod tests {
         let frame = &frame[..frame.len() - 4];
         let icrc = compute(&frame[..20], &frame[20..28], &frame[28..]);
         assert_eq!(icrc.to_le_bytes(), [0x82, 0xfd, 0x00, 0x2a]);
+    }
+
+    #[test]
+    fn prefix_then_finish_is_one_pass_over_the_masked_bytes() {
+        // Against a one-pass reference over the masked pseudo-packet, built by hand.
+        let reference = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC);
+        let data: std::vec::Vec<u8> = (0..300u32).map(|i| (i * 13 + 5) as u8).collect();
+        let mut ip = [0u8; 20];
+        ip.copy_from_slice(&data[..20]);
+        ip[0] = 0x45;
+        let udp = &data[20..28];
+        for len in [0, 3, 5, 12, 13, 60, 256] {
+            let t = &data[28..28 + len];
+            let mut masked = std::vec![0xffu8; 8];
+            let mut m = ip;
+            for i in [1, 8, 10, 11] {
+                m[i] = 0xff;
+            }
+            masked.extend_from_slice(&m);
+            masked.extend_from_slice(&udp[..6]);
+            masked.extend_from_slice(&[0xff, 0xff]);
+            masked.extend_from_slice(t);
+            if len > 4 {
+                masked[8 + 20 + 8 + 4] = 0xff;
+            }
+            let want = reference.checksum(&masked);
+            assert_eq!(finish(prefix(&ip, udp), t), want, "len {len}");
+            assert_eq!(compute(&ip, udp, t), want, "len {len}");
+        }
     }
 
     #[test]

@@ -41,6 +41,7 @@ use crate::wire::metaroce::{
     MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr, NackReason, PiggyAck, SACK_BITS,
 };
 use crate::wire::{AtomicAckEthRepr, AtomicEthRepr, BthRepr, Extensions, Opcode, Psn, Qpn};
+use core::cell::Cell;
 use core::net::IpAddr;
 
 /// Slots of a path's in-flight ring: one per bit of the SACK bitvector.
@@ -381,6 +382,9 @@ pub struct Connection<
     ev_head: u32,
     ev_tail: u32,
     events_lost: u64,
+    /// ICRC prefixes of what this end sends and receives.
+    icrc_tx: IcrcPrefixes,
+    icrc_rx: IcrcPrefixes,
 }
 
 impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: usize>
@@ -467,6 +471,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             ev_head: 0,
             ev_tail: 0,
             events_lost: 0,
+            icrc_tx: IcrcPrefixes::default(),
+            icrc_rx: IcrcPrefixes::default(),
             cfg,
         }
     }
@@ -1230,11 +1236,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let pad_at = tx.header_len + tx.payload_len;
         let icrc_at = tx.len - 4;
         datagram[pad_at..icrc_at].fill(0);
-        let value = compute_icrc(
-            self.cfg.local_ip,
-            self.cfg.remote_ip,
+        let value = self.icrc_tx.icrc(
+            (self.cfg.local_ip, self.cfg.remote_ip),
+            (tx.src_port, self.cfg.dst_port),
             tx.src_port,
-            self.cfg.dst_port,
             &datagram[..icrc_at],
         );
         datagram[icrc_at..].copy_from_slice(&value.to_le_bytes());
@@ -1326,11 +1331,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             let icrc_at = d.len() - 4;
             let stored =
                 u32::from_le_bytes([d[icrc_at], d[icrc_at + 1], d[icrc_at + 2], d[icrc_at + 3]]);
-            let computed = compute_icrc(
-                self.cfg.remote_ip,
-                self.cfg.local_ip,
+            let computed = self.icrc_rx.icrc(
+                (self.cfg.remote_ip, self.cfg.local_ip),
+                (src_port, self.cfg.local_port),
                 src_port,
-                self.cfg.local_port,
                 &d[..icrc_at],
             );
             if stored != computed {
@@ -2090,7 +2094,23 @@ pub fn compute_icrc(
     dst_port: u16,
     transport: &[u8],
 ) -> u32 {
-    let udp_len = (8 + transport.len() + 4) as u16;
+    icrc::finish(
+        icrc_prefix(src, dst, src_port, dst_port, transport.len()),
+        transport,
+    )
+}
+
+/// The CRC of the masked LRH and the canonical IP and UDP headers of a datagram of
+/// `transport_len` bytes (BTH to pad) from `src` to `dst`: the part of [`compute_icrc`] that
+/// depends on the addresses, ports and length alone.
+fn icrc_prefix(
+    src: IpAddr,
+    dst: IpAddr,
+    src_port: u16,
+    dst_port: u16,
+    transport_len: usize,
+) -> u32 {
+    let udp_len = (8 + transport_len + 4) as u16;
     let mut udp = [0u8; 8];
     udp[..2].copy_from_slice(&src_port.to_be_bytes());
     udp[2..4].copy_from_slice(&dst_port.to_be_bytes());
@@ -2104,7 +2124,7 @@ pub fn compute_icrc(
             ip[9] = 17;
             ip[12..16].copy_from_slice(&s.octets());
             ip[16..20].copy_from_slice(&d.octets());
-            icrc::compute(&ip, &udp, transport)
+            icrc::prefix(&ip, &udp)
         }
         (s, d) => {
             let v6 = |a: IpAddr| match a {
@@ -2117,14 +2137,75 @@ pub fn compute_icrc(
             ip[6] = 17;
             ip[8..24].copy_from_slice(&v6(s));
             ip[24..40].copy_from_slice(&v6(d));
-            icrc::compute(&ip, &udp, transport)
+            icrc::prefix(&ip, &udp)
         }
+    }
+}
+
+/// Slots of an [`IcrcPrefixes`] cache.
+const ICRC_SLOTS: usize = 8;
+
+/// The ICRC prefixes (see `icrc_prefix`) of one direction of a connection, by the UDP port
+/// that varies with the path and the datagram length, so that a datagram like a recent one
+/// (the same path, the same size: a ping-pong, full-sized bulk packets) hashes its own bytes
+/// only. The addresses and the other port are fixed for the direction.
+#[derive(Debug, Clone, Default)]
+struct IcrcPrefixes([Cell<Option<(u64, u32)>>; ICRC_SLOTS]);
+
+impl IcrcPrefixes {
+    /// [`compute_icrc`] through the cache; `path_port` is whichever of the two ports varies.
+    fn icrc(
+        &self,
+        (src, dst): (IpAddr, IpAddr),
+        (src_port, dst_port): (u16, u16),
+        path_port: u16,
+        transport: &[u8],
+    ) -> u32 {
+        let key = (u64::from(path_port) << 32) | transport.len() as u64;
+        let slot = &self.0[(usize::from(path_port) ^ transport.len()) % ICRC_SLOTS];
+        let prefix = match slot.get() {
+            Some((k, crc)) if k == key => crc,
+            _ => {
+                let crc = icrc_prefix(src, dst, src_port, dst_port, transport.len());
+                slot.set(Some((key, crc)));
+                crc
+            }
+        };
+        icrc::finish(prefix, transport)
     }
 }
 
 #[cfg(test)]
 mod unit {
-    use super::highest_sack_bit;
+    use super::{compute_icrc, highest_sack_bit, IcrcPrefixes, ICRC_SLOTS};
+    use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+    #[test]
+    fn cached_icrc_prefixes_give_the_icrc_of_every_port_and_length() {
+        // Ports and lengths that share slots, repeat, and alternate, in both IP versions: every
+        // result equals the uncached computation (a stale prefix would give another CRC).
+        let data: std::vec::Vec<u8> = (0..2000u32).map(|i| (i * 31 + 7) as u8).collect();
+        let v4 = (
+            IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+            IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)),
+        );
+        let v6 = (
+            IpAddr::V6(Ipv6Addr::LOCALHOST),
+            IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 9)),
+        );
+        for ips in [v4, v6] {
+            let cache = IcrcPrefixes::default();
+            for round in 0..3 {
+                for port in [49152u16, 49153, 49152 + ICRC_SLOTS as u16, 50000] {
+                    for len in [0usize, 5, 60, 60 + ICRC_SLOTS, 1500, 1500] {
+                        let t = &data[round..round + len];
+                        let want = compute_icrc(ips.0, ips.1, port, 4791, t);
+                        assert_eq!(cache.icrc(ips, (port, 4791), port, t), want, "{port} {len}");
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn highest_sack_bit_matches_a_bit_by_bit_scan() {
