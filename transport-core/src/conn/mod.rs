@@ -266,6 +266,28 @@ struct TxPath {
 /// One packet in congestion window units.
 const CWND_ONE: u32 = 256;
 
+/// A set of path indices (at most 256 paths), for finding a flagged path without walking every
+/// path's state.
+#[derive(Debug, Clone, Copy, Default)]
+struct PathSet([u64; 4]);
+
+impl PathSet {
+    fn insert(&mut self, i: usize) {
+        self.0[(i / 64) % 4] |= 1 << (i % 64);
+    }
+
+    fn remove(&mut self, i: usize) {
+        self.0[(i / 64) % 4] &= !(1 << (i % 64));
+    }
+
+    fn first(&self) -> Option<usize> {
+        self.0
+            .iter()
+            .position(|&w| w != 0)
+            .map(|k| k * 64 + self.0[k].trailing_zeros() as usize)
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct RxPath {
     sack: SackBitmap,
@@ -377,6 +399,11 @@ pub struct Connection<
     rx_streams: [RxStream<Q>; S],
     nacks: [Option<PendingNack>; NACK_QUEUE],
     refusals: [Option<Refusal>; REFUSALS],
+    /// How many entries of `refusals` are taken.
+    refusals_held: u8,
+    /// Paths whose `ack_now` is set, and whose `ack_due` is set.
+    acks_now: PathSet,
+    acks_due: PathSet,
     pending_atomic: Option<PendingAtomic>,
     events: [Option<Event>; Q],
     ev_head: u32,
@@ -466,6 +493,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             }; S],
             nacks: [None; NACK_QUEUE],
             refusals: [None; REFUSALS],
+            refusals_held: 0,
+            acks_now: PathSet::default(),
+            acks_due: PathSet::default(),
             pending_atomic: None,
             events: [None; Q],
             ev_head: 0,
@@ -625,9 +655,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 
     /// Whether everything posted has completed and nothing is waiting to be sent.
     pub fn is_idle(&self) -> bool {
-        self.msg_head == self.msg_tail
-            && self.una == self.nxt
-            && self.refusals.iter().all(Option::is_none)
+        self.msg_head == self.msg_tail && self.una == self.nxt && self.refusals_held == 0
     }
 
     // ----- timers -----------------------------------------------------------------------
@@ -672,8 +700,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if let Some(w) = self.retx_wake {
             at(w);
         }
-        for r in self.refusals.iter().flatten() {
-            at(r.due);
+        if self.refusals_held > 0 {
+            for r in self.refusals.iter().flatten() {
+                at(r.due);
+            }
         }
         t
     }
@@ -691,8 +721,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             if let Some(d) = self.rx_paths[i].ack_due {
                 if now >= d {
                     self.rx_paths[i].ack_now = true;
+                    self.acks_now.insert(i);
                     self.control_dirty = true;
                     self.rx_paths[i].ack_due = None;
+                    self.acks_due.remove(i);
                 }
             }
             let p = &mut self.paths[i];
@@ -705,7 +737,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if self.retx_wake.is_some_and(|w| now >= w) {
             self.retx_wake = None;
         }
-        if self.refusals.iter().flatten().any(|r| now >= r.due) {
+        if self.refusals_held > 0 && self.refusals.iter().flatten().any(|r| now >= r.due) {
             self.control_dirty = true;
         }
         // A packet the path layer saw arrive but the peer never accepted (refused while its
@@ -872,7 +904,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 
     /// Path `i`'s acknowledgement as of `now`; what it reports no longer waits.
     fn take_ack(&mut self, i: usize, now: Instant) -> MrAckRepr {
-        let refusals = self.refusals.iter().any(Option::is_some);
+        let refusals = self.refusals_held > 0;
+        debug_assert_eq!(
+            usize::from(self.refusals_held),
+            self.refusals.iter().flatten().count()
+        );
         let rx = &mut self.rx_paths[i];
         let ack = MrAckRepr {
             ece: rx.ece,
@@ -887,6 +923,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         };
         rx.ack_now = false;
         rx.ack_due = None;
+        self.acks_now.remove(i);
+        self.acks_due.remove(i);
         rx.unacked = 0;
         rx.ce = 0;
         rx.ece = false;
@@ -896,11 +934,14 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 
     /// A path whose acknowledgement waits (due now first, then delayed ones).
     fn waiting_ack(&self) -> Option<usize> {
-        let n = usize::from(self.cfg.paths);
-        let rx = &self.rx_paths[..n];
-        rx.iter()
-            .position(|r| r.ack_now)
-            .or_else(|| rx.iter().position(|r| r.ack_due.is_some()))
+        let found = self.acks_now.first().or_else(|| self.acks_due.first());
+        debug_assert_eq!(found, {
+            let rx = &self.rx_paths[..usize::from(self.cfg.paths)];
+            rx.iter()
+                .position(|r| r.ack_now)
+                .or_else(|| rx.iter().position(|r| r.ack_due.is_some()))
+        });
+        found
     }
 
     fn transmit_control(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
@@ -1363,6 +1404,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             rx.ts = probe.timestamp;
             rx.ts_at = now;
             rx.ack_now = true;
+            self.acks_now.insert(i);
             self.control_dirty = true;
             return;
         }
@@ -1391,10 +1433,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 .find(|r| r.is_some_and(|r| r.pending.psn == psn))
             {
                 *slot = None;
+                self.refusals_held -= 1;
                 self.counters.refusals_confirmed += 1;
-                if self.refusals.iter().all(Option::is_none) && i < usize::from(self.cfg.paths) {
+                if self.refusals_held == 0 && i < usize::from(self.cfg.paths) {
                     // The requester's window waits for an ACK without the refusals flag.
                     self.rx_paths[i].ack_now = true;
+                    self.acks_now.insert(i);
                     self.control_dirty = true;
                 }
             }
@@ -1682,9 +1726,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let urgent = ce || bth.ack_req || arrival != Arrival::InOrder || rx.sack.has_gap();
         if urgent || rx.unacked >= self.cfg.ack_every {
             rx.ack_now = true;
+            self.acks_now.insert(i);
             self.control_dirty = true;
         } else if rx.ack_due.is_none() {
             rx.ack_due = Some(now + self.cfg.ack_delay);
+            self.acks_due.insert(i);
         }
         if offset_psn < 0 || self.rx_seen[bth.psn.get() as usize % W] {
             self.counters.duplicates += 1;
@@ -1868,6 +1914,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 due: 0,
                 sent: false,
             });
+            self.refusals_held += 1;
             self.accept(psn);
         } else if let Some(slot) = self.nacks.iter_mut().find(|s| s.is_none()) {
             *slot = Some(pending);
