@@ -1280,7 +1280,6 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let value = self.icrc_tx.icrc(
             (self.cfg.local_ip, self.cfg.remote_ip),
             (tx.src_port, self.cfg.dst_port),
-            tx.src_port,
             &datagram[..icrc_at],
         );
         datagram[icrc_at..].copy_from_slice(&value.to_le_bytes());
@@ -1375,7 +1374,6 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             let computed = self.icrc_rx.icrc(
                 (self.cfg.remote_ip, self.cfg.local_ip),
                 (src_port, self.cfg.local_port),
-                src_port,
                 &d[..icrc_at],
             );
             if stored != computed {
@@ -2099,8 +2097,7 @@ fn post_inc(x: &mut u32) -> u32 {
     v
 }
 
-/// The highest bit set in a SACK bitvector (bit `b` is byte `b / 8`, bit `b % 8`), a byte at a
-/// time from the top.
+/// The highest bit set in a SACK bitvector (bit `b` is byte `b / 8`, bit `b % 8`).
 fn highest_sack_bit(sack: &[u8]) -> Option<usize> {
     // Eight bytes at a time from the top (bit k of byte i is bit 8i + k): an ACK without gaps,
     // the usual one, is four zero tests.
@@ -2201,24 +2198,24 @@ fn icrc_prefix(
 /// Slots of an [`IcrcPrefixes`] cache.
 const ICRC_SLOTS: usize = 8;
 
-/// The ICRC prefixes (see `icrc_prefix`) of one direction of a connection, by the UDP port
-/// that varies with the path and the datagram length, so that a datagram like a recent one
-/// (the same path, the same size: a ping-pong, full-sized bulk packets) hashes its own bytes
-/// only. The addresses and the other port are fixed for the direction.
+/// The ICRC prefixes (see `icrc_prefix`) of one direction of a connection, by UDP source port
+/// (it varies with the path) and datagram length, so that a datagram like a recent one (the same
+/// path, the same size: a ping-pong, full-sized bulk packets) hashes its own bytes only. The
+/// addresses and the destination port are fixed for the direction (the configuration does not
+/// change after the connection is made).
 #[derive(Debug, Clone, Default)]
 struct IcrcPrefixes([Cell<Option<(u64, u32)>>; ICRC_SLOTS]);
 
 impl IcrcPrefixes {
-    /// [`compute_icrc`] through the cache; `path_port` is whichever of the two ports varies.
+    /// [`compute_icrc`] through the cache.
     fn icrc(
         &self,
         (src, dst): (IpAddr, IpAddr),
         (src_port, dst_port): (u16, u16),
-        path_port: u16,
         transport: &[u8],
     ) -> u32 {
-        let key = (u64::from(path_port) << 32) | transport.len() as u64;
-        let slot = &self.0[(usize::from(path_port) ^ transport.len()) % ICRC_SLOTS];
+        let key = (u64::from(src_port) << 32) | transport.len() as u64;
+        let slot = &self.0[(usize::from(src_port) ^ transport.len()) % ICRC_SLOTS];
         let prefix = match slot.get() {
             Some((k, crc)) if k == key => crc,
             _ => {
@@ -2256,7 +2253,7 @@ mod unit {
                     for len in [0usize, 5, 60, 60 + ICRC_SLOTS, 1500, 1500] {
                         let t = &data[round..round + len];
                         let want = compute_icrc(ips.0, ips.1, port, 4791, t);
-                        assert_eq!(cache.icrc(ips, (port, 4791), port, t), want, "{port} {len}");
+                        assert_eq!(cache.icrc(ips, (port, 4791), t), want, "{port} {len}");
                     }
                 }
             }
