@@ -7,14 +7,26 @@
 //!   update, PSN dedup, region check, placement decision, ACK decision), with and without the
 //!   ICRC check, against parsing the same BTH and extension headers alone.
 //!
+//! - ping-pong round trip (`ping_pong_round_trip_2_bytes`): two connections configured as the
+//!   UDP transport configures them (8 paths, 4 KiB MTU, ICRC checked) exchange a 2-byte Write
+//!   with immediate each way, each answer carrying the acknowledgement of its ping: post,
+//!   `poll_transmit_data`, `seal`, `handle_datagram` with the placement, the completions and the
+//!   receive buffer posted again, on both ends; what `metaroce write-lat` asks of the core per
+//!   ping. Against the same two datagrams emitted with the wire emitters, their ICRC computed
+//!   and checked and parsed back, and nothing else: the least any implementation of this frame
+//!   format does per round trip.
+//!
 //! `cargo bench -p transport-core --bench conn`; results in docs/BENCHMARKS.md.
 #![allow(missing_docs)] // criterion_group! generates undocumented items
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
-use transport_core::conn::{Access, Config, Connection, Region, RemoteAddr, WorkRequest, WrOp};
-use transport_core::wire::{BthRepr, Extensions, Qpn};
+use transport_core::conn::{
+    compute_icrc, Access, CompletionKind, Config, Connection, Event, RecvRequest, Region,
+    RemoteAddr, WorkRequest, WrOp,
+};
+use transport_core::wire::{BthRepr, Extensions, Psn, Qpn};
 
 type Conn = Connection<16, 4096, 2, 64, 4>;
 
@@ -153,5 +165,135 @@ fn bench_receive(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_send, bench_receive);
+/// As the UDP transport instantiates it (host-ibverbs/src/udp/engine.rs).
+type HostConn = Connection<64, 2048, 8, 128, 32>;
+
+const KEY: u32 = 0x77;
+const BASE: u64 = 0x10_0000;
+
+fn end(local: u8, remote: u8) -> Box<HostConn> {
+    let mut c = config(local, remote, true);
+    c.paths = 8;
+    c.mtu = 4096;
+    c.window_per_path = 16;
+    c.initial_psn = Psn::new(100 * u32::from(local));
+    c.peer_initial_psn = Psn::new(100 * u32::from(remote));
+    let mut conn = Box::new(HostConn::new(c));
+    conn.register(Region {
+        key: KEY,
+        base: BASE,
+        len: 4096,
+        access: Access::REMOTE_WRITE,
+    })
+    .expect("region");
+    for i in 0..16 {
+        conn.post_recv(RecvRequest {
+            id: 1000 + i,
+            stream: 0,
+            addr: 0x9000,
+            len: 64,
+        })
+        .expect("recv");
+    }
+    conn
+}
+
+/// One hop: `from` posts a 2-byte Write with immediate and sends it; `to` takes it in, hands
+/// over its completions and posts its receive buffer again. Returns the datagram's length.
+fn hop(from: &mut HostConn, to: &mut HostConn, now: u64, id: u64, buf: &mut [u8]) -> usize {
+    from.post(
+        now,
+        WorkRequest {
+            id,
+            op: WrOp::WriteWithImm(id as u32),
+            stream: 0,
+            local_addr: 0x2000,
+            len: 2,
+            remote: RemoteAddr {
+                va: BASE,
+                rkey: KEY,
+            },
+        },
+    )
+    .expect("post");
+    let tx = from.poll_transmit_data(now, buf).expect("a data packet");
+    buf[tx.header_len..tx.header_len + tx.payload_len].fill(0x5a);
+    from.seal(&tx, buf);
+    let port = tx.src_port;
+    to.handle_datagram(now, port, false, &buf[..tx.len])
+        .expect("accepted");
+    while let Some(ev) = from.poll_event() {
+        black_box(ev);
+    }
+    while let Some(ev) = to.poll_event() {
+        if let Event::Completion(c) = ev {
+            if c.kind == CompletionKind::RecvWriteImm {
+                to.post_recv(RecvRequest {
+                    id: c.id,
+                    stream: 0,
+                    addr: 0x9000,
+                    len: 64,
+                })
+                .expect("recv");
+            }
+        }
+    }
+    tx.len
+}
+
+fn round_trip(c: &mut Criterion) {
+    let mut g = c.benchmark_group("ping_pong_round_trip_2_bytes");
+    let (mut a, mut b) = (end(1, 2), end(2, 1));
+    let mut buf = vec![0u8; 8192];
+    // Warm up into the steady state: every answer carries the ACK of its ping.
+    let mut now = 1_000;
+    let mut id = 1;
+    for _ in 0..64 {
+        hop(&mut a, &mut b, now, id, &mut buf);
+        hop(&mut b, &mut a, now + 500, id + 1, &mut buf);
+        now += 1_000;
+        id += 2;
+    }
+    let len_ab = hop(&mut a, &mut b, now, id, &mut buf);
+    let frame_ab = buf[..len_ab].to_vec();
+    let len_ba = hop(&mut b, &mut a, now, id + 1, &mut buf);
+    let frame_ba = buf[..len_ba].to_vec();
+    let ip = |x| IpAddr::V4(Ipv4Addr::new(10, 0, 0, x));
+
+    g.bench_function("baseline_emit_parse_icrc", |bench| {
+        let mut out = vec![0u8; 256];
+        bench.iter(|| {
+            for (frame, src, dst) in [(&frame_ab, 1, 2), (&frame_ba, 2, 1)] {
+                // Emit: BTH and extensions from their representations, the payload, the ICRC.
+                let n = frame.len();
+                let (bth, rest) = BthRepr::parse(frame).expect("bth");
+                let layout = bth.opcode.layout();
+                let (ext, _) = Extensions::parse(layout, rest).expect("ext");
+                let tail = ext
+                    .emit(layout, bth.emit(&mut out[..n]).expect("bth"))
+                    .expect("ext");
+                let head = n - tail.len();
+                out[head..n - 4].copy_from_slice(&frame[head..n - 4]);
+                let icrc = compute_icrc(ip(src), ip(dst), 49152, 4791, &out[..n - 4]);
+                out[n - 4..n].copy_from_slice(&icrc.to_le_bytes());
+                // Receive: ICRC check, then parse.
+                let got = compute_icrc(ip(src), ip(dst), 49152, 4791, black_box(&out[..n - 4]));
+                black_box(got == icrc);
+                let (bth, rest) = BthRepr::parse(black_box(&out[..n])).expect("bth");
+                black_box(Extensions::parse(bth.opcode.layout(), rest).expect("ext"));
+            }
+        })
+    });
+    g.bench_function("connection_write_imm_round_trip", |bench| {
+        bench.iter(|| {
+            now += 1_000;
+            id += 2;
+            hop(&mut a, &mut b, now, id, &mut buf);
+            hop(&mut b, &mut a, now + 500, id + 1, &mut buf);
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench_send, bench_receive, round_trip);
 criterion_main!(benches);
