@@ -84,6 +84,16 @@ pub struct PerfArgs {
     /// Spin instead of sleeping when idle.
     #[arg(long)]
     pub busy_poll: bool,
+    /// UDP transport: no UDP GSO (one datagram per message of a send call).
+    #[arg(long)]
+    pub no_gso: bool,
+    /// UDP transport: no UDP GRO (the kernel hands over datagrams one by one).
+    #[arg(long)]
+    pub no_gro: bool,
+    /// UDP transport: one message per system call (no sendmmsg/recvmmsg batches; GSO and GRO
+    /// still coalesce unless turned off too).
+    #[arg(long)]
+    pub no_batch: bool,
     /// Write every datagram sent and received to this pcap file.
     #[arg(long, value_name = "FILE")]
     pub pcap: Option<PathBuf>,
@@ -120,6 +130,9 @@ fn config(test: Test, a: &PerfArgs) -> Result<PerfConfig, String> {
     c.window = a.window;
     c.data_port = a.data_port;
     c.busy_poll = a.busy_poll;
+    c.gso = !a.no_gso;
+    c.gro = !a.no_gro;
+    c.batch = !a.no_batch;
     c.threads = a.threads;
     c.pcap = a.pcap.clone();
     c.bind = a.bind;

@@ -499,6 +499,9 @@ fn open_udp(
     let mut dc = udp::DeviceConfig::new(local_ip);
     dc.port = cfg.data_port;
     dc.busy_poll = cfg.busy_poll;
+    dc.gso = cfg.gso;
+    dc.gro = cfg.gro;
+    dc.batch = cfg.batch;
     dc.pcap = cfg.pcap.clone();
     let ctx = match udp::Context::open(&dc) {
         Ok(c) => c,

@@ -107,6 +107,12 @@ pub struct PerfConfig {
     pub all_sizes: bool,
     /// Spin instead of sleeping.
     pub busy_poll: bool,
+    /// UDP transport: UDP GSO on sends.
+    pub gso: bool,
+    /// UDP transport: UDP GRO on receives.
+    pub gro: bool,
+    /// UDP transport: several datagrams per system call (`sendmmsg`, `recvmmsg`).
+    pub batch: bool,
     /// Capture file.
     pub pcap: Option<PathBuf>,
     /// Print a progress line every second on long runs.
@@ -146,6 +152,9 @@ impl PerfConfig {
             tx_depth: 128,
             all_sizes: false,
             busy_poll: false,
+            gso: true,
+            gro: true,
+            batch: true,
             pcap: None,
             progress: true,
             publish_stats: true,

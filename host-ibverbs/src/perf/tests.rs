@@ -103,6 +103,27 @@ fn busy_polling_ends_move_the_same_bytes() {
 }
 
 #[test]
+fn ends_without_gso_gro_or_batched_calls_move_the_same_bytes() {
+    for (gso, gro, batch) in [
+        (false, true, true),
+        (true, false, true),
+        (true, true, false),
+        (false, false, false),
+    ] {
+        let mut cfg = PerfConfig::new(Test::WriteBw);
+        cfg.size = 100_000;
+        cfg.iters = 40;
+        cfg.gso = gso;
+        cfg.gro = gro;
+        cfg.batch = batch;
+        let (reports, served) = run_pair(cfg);
+        let Report::Bw(r) = &reports[0] else { panic!() };
+        assert!(r.verified && served.verified, "{gso} {gro} {batch}");
+        assert_eq!(served.bytes_checked, 40 * 100_000);
+    }
+}
+
+#[test]
 fn all_sizes_runs_a_phase_per_size() {
     let mut cfg = PerfConfig::new(Test::WriteBw);
     cfg.all_sizes = true;

@@ -264,6 +264,8 @@ pub(crate) struct Engine {
     /// A connection changed since `deadline` was computed.
     pub deadline_stale: bool,
     pub gso: bool,
+    /// Several datagrams per system call; off, one.
+    batch: bool,
     pub busy_poll: bool,
     /// Keepalives released inside the engine, dropped by the caller after the engine is
     /// released (their drop may deregister memory, which needs the engine).
@@ -275,6 +277,7 @@ impl Engine {
         rx: UdpSocket,
         opts: SocketOptions,
         gso: bool,
+        batch: bool,
         busy_poll: bool,
         pcap: Option<PcapWriter<BufWriter<File>>>,
     ) -> Engine {
@@ -303,6 +306,7 @@ impl Engine {
             deadline: u64::MAX,
             deadline_stale: true,
             gso,
+            batch,
             busy_poll,
             release: Vec::new(),
         }
@@ -421,7 +425,24 @@ impl Engine {
     }
 
     /// Reads what waits on the receive socket and hands it to the connections.
+    /// Without batched calls, up to `want` calls of one datagram each, until one finds none.
     fn receive(&mut self, now: u64, want: usize) -> usize {
+        if self.batch {
+            return self.receive_call(now, want);
+        }
+        let mut got = 0;
+        while got < want {
+            let n = self.receive_call(now, 1);
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        got
+    }
+
+    /// One receive call for up to `want` datagrams.
+    fn receive_call(&mut self, now: u64, want: usize) -> usize {
         let Some(mut batch) = self.rx_batch.take() else {
             return 0;
         };
@@ -716,6 +737,7 @@ impl Engine {
     }
 
     fn flush_one(&mut self, idx: usize) {
+        let batch = self.batch;
         let s = &mut self.stages[idx];
         if s.msgs.is_empty() {
             return;
@@ -725,7 +747,9 @@ impl Engine {
         let mut runs: &[Run] = &s.msgs;
         while !runs.is_empty() {
             self.counters.tx_syscalls += 1;
-            match sock.send_many(&dst, &s.buf, runs) {
+            // One message per call without batching (a GSO run is still one message).
+            let call = if batch { runs } else { &runs[..1] };
+            match sock.send_many(&dst, &s.buf, call) {
                 Ok(0) => break,
                 Ok(n) => {
                     self.counters.tx_gso_batches +=

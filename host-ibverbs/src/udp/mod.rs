@@ -52,6 +52,8 @@ pub struct DeviceConfig {
     pub gso: bool,
     /// Let the kernel coalesce arrivals (UDP GRO).
     pub gro: bool,
+    /// Several datagrams per system call (`sendmmsg`, `recvmmsg`); off, one per call.
+    pub batch: bool,
     /// Socket buffer size to ask for, bytes.
     pub socket_buffer: usize,
     /// Write every datagram sent and received to this pcap file.
@@ -59,7 +61,8 @@ pub struct DeviceConfig {
 }
 
 impl DeviceConfig {
-    /// Defaults: port 4791, GSO and GRO on, 8 MiB socket buffers, no busy polling, no capture.
+    /// Defaults: port 4791, GSO, GRO and batched calls on, 8 MiB socket buffers, no busy
+    /// polling, no capture.
     pub fn new(local_ip: IpAddr) -> DeviceConfig {
         DeviceConfig {
             local_ip,
@@ -67,6 +70,7 @@ impl DeviceConfig {
             busy_poll: false,
             gso: true,
             gro: true,
+            batch: true,
             socket_buffer: 8 << 20,
             pcap: None,
         }
@@ -192,7 +196,7 @@ impl Context {
                 )
             }
         };
-        let engine = Engine::new(rx, opts, cfg.gso, cfg.busy_poll, pcap);
+        let engine = Engine::new(rx, opts, cfg.gso, cfg.batch, cfg.busy_poll, pcap);
         Ok(Context {
             inner: Rc::new(CtxInner {
                 engine: RefCell::new(engine),

@@ -1,6 +1,7 @@
 //! Two devices on loopback in one thread, driven alternately.
 
 use super::*;
+use crate::udp::stats::EngineCounters;
 use std::net::Ipv4Addr;
 
 struct Side {
@@ -10,8 +11,13 @@ struct Side {
 }
 
 fn side() -> Side {
+    side_with(|_| {})
+}
+
+fn side_with(change: impl FnOnce(&mut DeviceConfig)) -> Side {
     let mut cfg = DeviceConfig::new(IpAddr::V4(Ipv4Addr::LOCALHOST));
     cfg.port = 0;
+    change(&mut cfg);
     let ctx = Context::open(&cfg).unwrap();
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq();
@@ -489,4 +495,59 @@ fn paths_whose_ports_are_taken_send_from_other_ports_with_a_good_icrc() {
         h.set_nonblocking(true).unwrap();
         assert!(h.recv(&mut [0u8; 64]).is_err());
     }
+}
+
+/// A 2 MiB Write from `a` to `b` with these device settings; returns both devices' counters.
+fn write_2mib(change: impl Fn(&mut DeviceConfig)) -> (EngineCounters, EngineCounters) {
+    let (a, b) = (side_with(&change), side_with(&change));
+    let qa = a.pd.create_qp(&a.cq, &QpAttr::default()).unwrap();
+    let qb = b.pd.create_qp(&b.cq, &QpAttr::default()).unwrap();
+    qa.connect(&qb.info()).unwrap();
+    qb.connect(&qa.info()).unwrap();
+    let len = 2 << 20;
+    let src = a.pd.reg_mr(len, Access::LOCAL_WRITE).unwrap();
+    let dst =
+        b.pd.reg_mr(len, Access::LOCAL_WRITE.union(Access::REMOTE_WRITE))
+            .unwrap();
+    let data = pattern(len, 9);
+    src.write(0, &data).unwrap();
+    qa.post_send(&SendWr {
+        wr_id: 1,
+        op: WrOp::Write,
+        stream: 0,
+        local: src.sge(0, len),
+        remote: dst.remote(0),
+    })
+    .unwrap();
+    let (wa, _) = pump(&a, &b, 1, 0);
+    assert_eq!(wa[0].status, Status::Success);
+    let mut got = vec![0u8; len];
+    dst.read(0, &mut got).unwrap();
+    assert!(got == data, "the Write arrived whole");
+    (a.ctx.counters(), b.ctx.counters())
+}
+
+#[test]
+fn gso_gro_and_batched_calls_can_each_be_turned_off() {
+    // Defaults: segments leave in GSO sends, and sends and receives carry several each.
+    let (a, b) = write_2mib(|_| {});
+    assert!(a.tx_gso_batches > 0, "{a:?}");
+    assert!(a.tx_packets >= 4 * a.tx_syscalls, "{a:?}");
+    assert!(b.rx_packets > b.rx_syscalls, "{b:?}");
+    // Everything off: one datagram per send call and per receive call, nothing coalesced.
+    let (a, b) = write_2mib(|c| {
+        c.gso = false;
+        c.gro = false;
+        c.batch = false;
+    });
+    assert_eq!(a.tx_gso_batches + b.rx_gro_batches, 0, "{a:?} {b:?}");
+    assert_eq!(a.tx_syscalls, a.tx_packets, "{a:?}");
+    assert_eq!(b.rx_syscalls, b.rx_packets, "{b:?}");
+    // Batches alone (no GSO, no GRO): several datagrams per call again.
+    let (a, b) = write_2mib(|c| {
+        c.gso = false;
+        c.gro = false;
+    });
+    assert_eq!(a.tx_gso_batches + b.rx_gro_batches, 0, "{a:?} {b:?}");
+    assert!(a.tx_packets > a.tx_syscalls, "{a:?}");
 }
