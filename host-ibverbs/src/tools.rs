@@ -81,9 +81,15 @@ pub struct PerfArgs {
     /// Local IP address to use.
     #[arg(long)]
     pub bind: Option<IpAddr>,
-    /// Spin instead of sleeping when idle.
+    /// UDP transport: the kernel busy-polls the NIC's receive queue (SO_BUSY_POLL, 50 us) and
+    /// the engine never sleeps in its waits. The tools poll completions without sleeping either
+    /// way, as perftest does.
     #[arg(long)]
     pub busy_poll: bool,
+    /// UDP transport: sleep while waiting for completions instead of polling (with --busy-poll
+    /// the engine spins inside the wait instead).
+    #[arg(short = 'e', long = "use_event")]
+    pub use_event: bool,
     /// UDP transport: no UDP GSO (one datagram per message of a send call).
     #[arg(long)]
     pub no_gso: bool,
@@ -130,6 +136,7 @@ fn config(test: Test, a: &PerfArgs) -> Result<PerfConfig, String> {
     c.window = a.window;
     c.data_port = a.data_port;
     c.busy_poll = a.busy_poll;
+    c.use_event = a.use_event;
     c.gso = !a.no_gso;
     c.gro = !a.no_gro;
     c.batch = !a.no_batch;

@@ -101,7 +101,12 @@ struct UdpEp {
     pd: udp::ProtectionDomain,
     cq: udp::CompletionQueue,
     qps: Vec<udp::QueuePair>,
+    /// An empty poll waits (sleeping, unless busy-polling) for a completion.
+    use_event: bool,
 }
+
+/// How long an empty poll waits with `use_event` before returning nothing.
+const EVENT_WAIT: Duration = Duration::from_millis(1);
 
 #[cfg(feature = "verbs")]
 struct VerbsEp {
@@ -263,7 +268,21 @@ impl Endpoint {
     /// error here; the UDP transport's refusals come back as completions (see `check`).
     pub fn poll(&self, out: &mut Vec<WorkCompletion>, max: usize) -> Result<usize, PerfError> {
         match &self.be {
-            Be::Udp(u) => Ok(u.cq.poll(out, max)),
+            Be::Udp(u) => {
+                let n = u.cq.poll(out, max);
+                if n > 0 || !u.use_event || max == 0 {
+                    return Ok(n);
+                }
+                // Sleep until a completion comes (or a short while passes), then take what is
+                // there with it.
+                match u.cq.wait(EVENT_WAIT) {
+                    Some(wc) => {
+                        out.push(wc);
+                        Ok(1 + u.cq.poll(out, max - 1))
+                    }
+                    None => Ok(0),
+                }
+            }
             #[cfg(feature = "verbs")]
             Be::Verbs(v) => {
                 let mut wcs = v.wcs.borrow_mut();
@@ -529,7 +548,13 @@ fn open_udp(
         .map(|_| pd.create_qp(&cq, &attr))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Endpoint {
-        be: Be::Udp(UdpEp { ctx, pd, cq, qps }),
+        be: Be::Udp(UdpEp {
+            ctx,
+            pd,
+            cq,
+            qps,
+            use_event: cfg.use_event,
+        }),
     })
 }
 

@@ -105,8 +105,11 @@ pub struct PerfConfig {
     pub tx_depth: u32,
     /// All sizes from 2 bytes to 8 MiB.
     pub all_sizes: bool,
-    /// Spin instead of sleeping.
+    /// UDP transport: SO_BUSY_POLL on the sockets and no sleeping in the engine's waits (the
+    /// tools' loops poll without sleeping either way).
     pub busy_poll: bool,
+    /// UDP transport: wait for completions sleeping (perftest's `-e`) instead of polling.
+    pub use_event: bool,
     /// UDP transport: UDP GSO on sends.
     pub gso: bool,
     /// UDP transport: UDP GRO on receives.
@@ -152,6 +155,7 @@ impl PerfConfig {
             tx_depth: 128,
             all_sizes: false,
             busy_poll: false,
+            use_event: false,
             gso: true,
             gro: true,
             batch: true,
@@ -446,6 +450,11 @@ fn validate(cfg: &PerfConfig) -> Result<(), PerfError> {
     }
     if cfg.tx_depth == 0 {
         return Err(PerfError::Invalid("-t must be at least 1".into()));
+    }
+    if cfg.transport == Transport::Verbs && cfg.use_event {
+        return Err(PerfError::Invalid(
+            "-e (--use_event) sleeps in the UDP transport's engine; the verbs backend polls".into(),
+        ));
     }
     if cfg.transport == Transport::Verbs && cfg.pcap.is_some() {
         return Err(PerfError::Invalid(

@@ -124,6 +124,32 @@ fn ends_without_gso_gro_or_batched_calls_move_the_same_bytes() {
 }
 
 #[test]
+fn ends_that_sleep_for_completions_move_the_same_bytes_and_answer_pings() {
+    // -e on both ends, with and without busy polling inside the wait.
+    for busy in [false, true] {
+        let mut cfg = PerfConfig::new(Test::SendBw);
+        cfg.size = 5000;
+        cfg.iters = 200;
+        cfg.use_event = true;
+        cfg.busy_poll = busy;
+        let (reports, served) = run_pair(cfg);
+        let Report::Bw(r) = &reports[0] else { panic!() };
+        assert!(r.verified && served.verified, "busy {busy}");
+        assert_eq!(served.bytes_checked, 200 * 5000);
+        let mut cfg = PerfConfig::new(Test::WriteLat);
+        cfg.iters = 300;
+        cfg.use_event = true;
+        cfg.busy_poll = busy;
+        let (reports, served) = run_pair(cfg);
+        let Report::Lat(l) = &reports[0] else {
+            panic!()
+        };
+        assert_eq!(l.iterations, 300);
+        assert!(l.verified && served.verified, "busy {busy}");
+    }
+}
+
+#[test]
 fn all_sizes_runs_a_phase_per_size() {
     let mut cfg = PerfConfig::new(Test::WriteBw);
     cfg.all_sizes = true;

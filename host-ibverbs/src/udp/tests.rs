@@ -551,3 +551,33 @@ fn gso_gro_and_batched_calls_can_each_be_turned_off() {
     assert_eq!(a.tx_gso_batches + b.rx_gro_batches, 0, "{a:?} {b:?}");
     assert!(a.tx_packets > a.tx_syscalls, "{a:?}");
 }
+
+/// CPU time of the calling thread.
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    assert_eq!(rc, 0);
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+#[test]
+fn an_idle_wait_sleeps_unless_busy_polling() {
+    for busy in [false, true] {
+        let s = side_with(|c| c.busy_poll = busy);
+        let (cpu0, t0) = (thread_cpu(), Instant::now());
+        assert!(s.cq.wait(Duration::from_millis(200)).is_none());
+        let (cpu, wall) = (thread_cpu() - cpu0, t0.elapsed());
+        assert!(wall >= Duration::from_millis(200), "{wall:?}");
+        // Loose bounds: other tests may share the cores (a spinning thread still gets a
+        // quarter of one; a sleeping one wakes every 10 ms at most).
+        if busy {
+            assert!(cpu * 4 > wall, "busy polling spins: {cpu:?} of {wall:?}");
+        } else {
+            assert!(cpu * 20 < wall, "an idle wait sleeps: {cpu:?} of {wall:?}");
+        }
+    }
+}
