@@ -41,7 +41,6 @@ use crate::wire::metaroce::{
     MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr, NackReason, PiggyAck, SACK_BITS,
 };
 use crate::wire::{AtomicAckEthRepr, AtomicEthRepr, BthRepr, Extensions, Opcode, Psn, Qpn};
-use core::cell::Cell;
 use core::net::IpAddr;
 
 /// Slots of a path's in-flight ring: one per bit of the SACK bitvector.
@@ -1270,7 +1269,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 
     /// Adds the pad and the ICRC to a datagram whose headers came from
     /// [`Connection::poll_transmit`] and whose payload the runner has copied in after them.
-    pub fn seal(&self, tx: &Transmit, buf: &mut [u8]) {
+    pub fn seal(&mut self, tx: &Transmit, buf: &mut [u8]) {
         let Some(datagram) = buf.get_mut(..tx.len) else {
             return;
         };
@@ -1352,7 +1351,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     }
 
     #[inline(always)]
-    fn check_datagram(&self, src_port: u16, d: &[u8]) -> Option<Checked> {
+    fn check_datagram(&mut self, src_port: u16, d: &[u8]) -> Option<Checked> {
         if d.len() < BthRepr::LEN + 4 {
             return None;
         }
@@ -2204,23 +2203,23 @@ const ICRC_SLOTS: usize = 8;
 /// addresses and the destination port are fixed for the direction (the configuration does not
 /// change after the connection is made).
 #[derive(Debug, Clone, Default)]
-struct IcrcPrefixes([Cell<Option<(u64, u32)>>; ICRC_SLOTS]);
+struct IcrcPrefixes([Option<(u64, u32)>; ICRC_SLOTS]);
 
 impl IcrcPrefixes {
     /// [`compute_icrc`] through the cache.
     fn icrc(
-        &self,
+        &mut self,
         (src, dst): (IpAddr, IpAddr),
         (src_port, dst_port): (u16, u16),
         transport: &[u8],
     ) -> u32 {
         let key = (u64::from(src_port) << 32) | transport.len() as u64;
-        let slot = &self.0[(usize::from(src_port) ^ transport.len()) % ICRC_SLOTS];
-        let prefix = match slot.get() {
+        let slot = &mut self.0[(usize::from(src_port) ^ transport.len()) % ICRC_SLOTS];
+        let prefix = match *slot {
             Some((k, crc)) if k == key => crc,
             _ => {
                 let crc = icrc_prefix(src, dst, src_port, dst_port, transport.len());
-                slot.set(Some((key, crc)));
+                *slot = Some((key, crc));
                 crc
             }
         };
@@ -2247,7 +2246,7 @@ mod unit {
             IpAddr::V6(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 9)),
         );
         for ips in [v4, v6] {
-            let cache = IcrcPrefixes::default();
+            let mut cache = IcrcPrefixes::default();
             for round in 0..3 {
                 for port in [49152u16, 49153, 49152 + ICRC_SLOTS as u16, 50000] {
                     for len in [0usize, 5, 60, 60 + ICRC_SLOTS, 1500, 1500] {
