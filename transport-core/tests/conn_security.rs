@@ -545,26 +545,6 @@ fn a_refused_read_completes_even_when_an_ack_overtakes_its_nack() {
     assert_eq!(write.status, Status::Success);
 }
 
-/// One round of the wire: everything both sides send, minus what `lose` picks (`to_b`, bytes),
-/// then events and timers, then 1 us.
-fn round(p: &mut Pair, lose: &mut impl FnMut(bool, &[u8]) -> bool) {
-    p.transmit();
-    for (to_b, port, bytes) in std::mem::take(&mut p.wire) {
-        if !lose(to_b, &bytes) {
-            let _ = p.deliver(to_b, port, &bytes);
-        }
-    }
-    for side in [&mut p.a, &mut p.b] {
-        while let Some(e) = side.conn.poll_event() {
-            side.events.push(e);
-        }
-        if side.conn.poll_timeout().is_some_and(|t| t <= p.now) {
-            side.conn.handle_timeout(p.now);
-        }
-    }
-    p.now += 1_000;
-}
-
 fn is_nack(b: &[u8]) -> bool {
     b[0] == Opcode::MrNack.to_u8()
 }
@@ -588,7 +568,7 @@ fn a_lost_refusal_is_sent_again_and_the_write_never_completes_as_successful() {
     p.a.conn.post(0, write(2, BASE, 64, BASE, KEY)).unwrap();
     let mut first_nacks = 0;
     for _ in 0..20 {
-        round(&mut p, &mut |to_b, b| {
+        p.round(&mut |to_b, b| {
             let lost = !to_b && is_nack(b) && first_nacks == 0;
             first_nacks += usize::from(lost);
             lost
@@ -661,7 +641,7 @@ fn an_overtaken_refusal_with_a_lost_confirmation_still_refuses_the_write() {
     }
     let mut confirmations_lost = 0;
     for _ in 0..200 {
-        round(&mut p, &mut |to_b, b| {
+        p.round(&mut |to_b, b| {
             let lost = to_b
                 && is_nack(b)
                 && nack_reason(b) == NackReason::RefusalSeen
@@ -698,7 +678,7 @@ fn unconfirmed_refusals_are_bounded_and_every_request_still_completes_refused() 
     }
     let mut nacks_from_b = 0;
     for _ in 0..100 {
-        round(&mut p, &mut |to_b, b| {
+        p.round(&mut |to_b, b| {
             if !to_b && is_nack(b) {
                 nacks_from_b += 1;
             }

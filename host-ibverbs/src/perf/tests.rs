@@ -90,16 +90,23 @@ fn worker_threads_split_the_connections_and_add_up() {
     );
 }
 
-#[test]
-fn busy_polling_ends_move_the_same_bytes() {
-    let mut cfg = PerfConfig::new(Test::SendBw);
-    cfg.size = 5000;
-    cfg.iters = 200;
-    cfg.busy_poll = true;
+/// A bandwidth run of `iters` messages of `size` bytes with `change` made on both ends: every
+/// byte arrives and the server checked each one.
+fn bw_verified(test: Test, size: usize, iters: u64, change: impl FnOnce(&mut PerfConfig)) {
+    let mut cfg = PerfConfig::new(test);
+    cfg.size = size;
+    cfg.iters = iters;
+    change(&mut cfg);
+    let what = format!("{cfg:?}");
     let (reports, served) = run_pair(cfg);
     let Report::Bw(r) = &reports[0] else { panic!() };
-    assert!(r.verified && served.verified);
-    assert_eq!(served.bytes_checked, 200 * 5000);
+    assert!(r.verified && served.verified, "{what}");
+    assert_eq!(served.bytes_checked, iters * size as u64, "{what}");
+}
+
+#[test]
+fn busy_polling_ends_move_the_same_bytes() {
+    bw_verified(Test::SendBw, 5000, 200, |c| c.busy_poll = true);
 }
 
 #[test]
@@ -110,16 +117,11 @@ fn ends_without_gso_gro_or_batched_calls_move_the_same_bytes() {
         (true, true, false),
         (false, false, false),
     ] {
-        let mut cfg = PerfConfig::new(Test::WriteBw);
-        cfg.size = 100_000;
-        cfg.iters = 40;
-        cfg.gso = gso;
-        cfg.gro = gro;
-        cfg.batch = batch;
-        let (reports, served) = run_pair(cfg);
-        let Report::Bw(r) = &reports[0] else { panic!() };
-        assert!(r.verified && served.verified, "{gso} {gro} {batch}");
-        assert_eq!(served.bytes_checked, 40 * 100_000);
+        bw_verified(Test::WriteBw, 100_000, 40, |c| {
+            c.gso = gso;
+            c.gro = gro;
+            c.batch = batch;
+        });
     }
 }
 
@@ -127,15 +129,10 @@ fn ends_without_gso_gro_or_batched_calls_move_the_same_bytes() {
 fn ends_that_sleep_for_completions_move_the_same_bytes_and_answer_pings() {
     // -e on both ends, with and without busy polling inside the wait.
     for busy in [false, true] {
-        let mut cfg = PerfConfig::new(Test::SendBw);
-        cfg.size = 5000;
-        cfg.iters = 200;
-        cfg.use_event = true;
-        cfg.busy_poll = busy;
-        let (reports, served) = run_pair(cfg);
-        let Report::Bw(r) = &reports[0] else { panic!() };
-        assert!(r.verified && served.verified, "busy {busy}");
-        assert_eq!(served.bytes_checked, 200 * 5000);
+        bw_verified(Test::SendBw, 5000, 200, |c| {
+            c.use_event = true;
+            c.busy_poll = busy;
+        });
         let mut cfg = PerfConfig::new(Test::WriteLat);
         cfg.iters = 300;
         cfg.use_event = true;

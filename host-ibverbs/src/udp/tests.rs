@@ -10,10 +10,6 @@ struct Side {
     cq: CompletionQueue,
 }
 
-fn side() -> Side {
-    side_with(|_| {})
-}
-
 fn side_with(change: impl FnOnce(&mut DeviceConfig)) -> Side {
     let mut cfg = DeviceConfig::new(IpAddr::V4(Ipv4Addr::LOCALHOST));
     cfg.port = 0;
@@ -24,9 +20,21 @@ fn side_with(change: impl FnOnce(&mut DeviceConfig)) -> Side {
     Side { ctx, pd, cq }
 }
 
+fn side() -> Side {
+    side_with(|_| {})
+}
+
 fn pair(attr: &QpAttr) -> (Side, QueuePair, Side, QueuePair) {
-    let a = side();
-    let b = side();
+    pair_with(attr, |_| {})
+}
+
+/// Two connected devices opened with `change` made to the default settings.
+fn pair_with(
+    attr: &QpAttr,
+    change: impl Fn(&mut DeviceConfig),
+) -> (Side, QueuePair, Side, QueuePair) {
+    let a = side_with(&change);
+    let b = side_with(&change);
     let qa = a.pd.create_qp(&a.cq, attr).unwrap();
     let qb = b.pd.create_qp(&b.cq, attr).unwrap();
     qa.connect(&qb.info()).unwrap();
@@ -499,11 +507,7 @@ fn paths_whose_ports_are_taken_send_from_other_ports_with_a_good_icrc() {
 
 /// A 2 MiB Write from `a` to `b` with these device settings; returns both devices' counters.
 fn write_2mib(change: impl Fn(&mut DeviceConfig)) -> (EngineCounters, EngineCounters) {
-    let (a, b) = (side_with(&change), side_with(&change));
-    let qa = a.pd.create_qp(&a.cq, &QpAttr::default()).unwrap();
-    let qb = b.pd.create_qp(&b.cq, &QpAttr::default()).unwrap();
-    qa.connect(&qb.info()).unwrap();
-    qb.connect(&qa.info()).unwrap();
+    let (a, qa, b, _qb) = pair_with(&QpAttr::default(), change);
     let len = 2 << 20;
     let src = a.pd.reg_mr(len, Access::LOCAL_WRITE).unwrap();
     let dst =

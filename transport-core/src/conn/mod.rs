@@ -279,6 +279,10 @@ impl PathSet {
         self.0[(i / 64) % 4] &= !(1 << (i % 64));
     }
 
+    fn contains(&self, i: usize) -> bool {
+        self.0[(i / 64) % 4] & (1 << (i % 64)) != 0
+    }
+
     fn first(&self) -> Option<usize> {
         self.0
             .iter()
@@ -291,7 +295,6 @@ impl PathSet {
 struct RxPath {
     sack: SackBitmap,
     unacked: u16,
-    ack_now: bool,
     ack_due: Option<Instant>,
     ce: u16,
     ece: bool,
@@ -350,10 +353,8 @@ struct PendingNack {
 #[derive(Debug, Clone, Copy)]
 struct Refusal {
     pending: PendingNack,
-    /// When its NACK goes (again): 0 until it is first sent.
-    due: Instant,
-    /// Sent at least once.
-    sent: bool,
+    /// When its NACK goes again; `None` until it is first sent (it goes at once).
+    due: Option<Instant>,
 }
 
 /// A connection with capacities: `P` paths, `W` packets in flight, `S` streams, `Q` messages and
@@ -400,8 +401,9 @@ pub struct Connection<
     refusals: [Option<Refusal>; REFUSALS],
     /// How many entries of `refusals` are taken.
     refusals_held: u8,
-    /// Paths whose `ack_now` is set, and whose `ack_due` is set.
+    /// Paths whose ACK is to go now (an ACK that goes now lives only here).
     acks_now: PathSet,
+    /// Paths whose `ack_due` is set (an index of `rx_paths`, checked in debug builds).
     acks_due: PathSet,
     pending_atomic: Option<PendingAtomic>,
     events: [Option<Event>; Q],
@@ -451,7 +453,6 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let rx_path = RxPath {
             sack: SackBitmap::new(PathSeq(0)),
             unacked: 0,
-            ack_now: false,
             ack_due: None,
             ce: 0,
             ece: false,
@@ -701,7 +702,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
         if self.refusals_held > 0 {
             for r in self.refusals.iter().flatten() {
-                at(r.due);
+                at(r.due.unwrap_or(0));
             }
         }
         t
@@ -719,7 +720,6 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             }
             if let Some(d) = self.rx_paths[i].ack_due {
                 if now >= d {
-                    self.rx_paths[i].ack_now = true;
                     self.acks_now.insert(i);
                     self.control_dirty = true;
                     self.rx_paths[i].ack_due = None;
@@ -736,7 +736,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if self.retx_wake.is_some_and(|w| now >= w) {
             self.retx_wake = None;
         }
-        if self.refusals_held > 0 && self.refusals.iter().flatten().any(|r| now >= r.due) {
+        if self.refusals_held > 0
+            && self
+                .refusals
+                .iter()
+                .flatten()
+                .any(|r| r.due.is_none_or(|d| now >= d))
+        {
             self.control_dirty = true;
         }
         // A packet the path layer saw arrive but the peer never accepted (refused while its
@@ -920,7 +926,6 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             rate_hint: 0,
             sack: rx.sack.to_wire(),
         };
-        rx.ack_now = false;
         rx.ack_due = None;
         self.acks_now.remove(i);
         self.acks_due.remove(i);
@@ -933,14 +938,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 
     /// A path whose acknowledgement waits (due now first, then delayed ones).
     fn waiting_ack(&self) -> Option<usize> {
-        let found = self.acks_now.first().or_else(|| self.acks_due.first());
-        debug_assert_eq!(found, {
-            let rx = &self.rx_paths[..usize::from(self.cfg.paths)];
-            rx.iter()
-                .position(|r| r.ack_now)
-                .or_else(|| rx.iter().position(|r| r.ack_due.is_some()))
-        });
-        found
+        debug_assert_eq!(
+            self.acks_due.first(),
+            self.rx_paths[..usize::from(self.cfg.paths)]
+                .iter()
+                .position(|r| r.ack_due.is_some())
+        );
+        self.acks_now.first().or_else(|| self.acks_due.first())
     }
 
     fn transmit_control(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
@@ -960,12 +964,16 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let mut pending = self.nacks.iter_mut().find_map(Option::take);
         if pending.is_none() {
             let next = now + self.cfg.refusal_resend;
-            if let Some(r) = self.refusals.iter_mut().flatten().find(|r| now >= r.due) {
-                if r.sent {
+            if let Some(r) = self
+                .refusals
+                .iter_mut()
+                .flatten()
+                .find(|r| r.due.is_none_or(|d| now >= d))
+            {
+                if r.due.is_some() {
                     self.counters.nacks_resent += 1;
                 }
-                r.sent = true;
-                r.due = next;
+                r.due = Some(next);
                 pending = Some(r.pending);
             }
         }
@@ -993,7 +1001,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 let bth = self.bth(Opcode::MrProbeReply, Psn::new(0), 0, false);
                 return self.write_headers(buf, bth, Extensions::MrProbe(probe), i, 0, 0);
             }
-            if rx.ack_now {
+            if self.acks_now.contains(i) {
                 let ack = self.take_ack(i, now);
                 let bth = self.bth(Opcode::MrAck, self.rx_cum, 0, false);
                 return self.write_headers(buf, bth, Extensions::MrAck(ack), i, 0, 0);
@@ -1400,7 +1408,6 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             // And an ACK echoing the probe: it reports what arrived on the path before it.
             rx.ts = probe.timestamp;
             rx.ts_at = now;
-            rx.ack_now = true;
             self.acks_now.insert(i);
             self.control_dirty = true;
             return;
@@ -1434,7 +1441,6 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 self.counters.refusals_confirmed += 1;
                 if self.refusals_held == 0 && i < usize::from(self.cfg.paths) {
                     // The requester's window waits for an ACK without the refusals flag.
-                    self.rx_paths[i].ack_now = true;
                     self.acks_now.insert(i);
                     self.control_dirty = true;
                 }
@@ -1722,7 +1728,6 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
         let urgent = ce || bth.ack_req || arrival != Arrival::InOrder || rx.sack.has_gap();
         if urgent || rx.unacked >= self.cfg.ack_every {
-            rx.ack_now = true;
             self.acks_now.insert(i);
             self.control_dirty = true;
         } else if rx.ack_due.is_none() {
@@ -1906,11 +1911,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 self.counters.drop_refusals_full += 1;
                 return Err(DropReason::RefusalsFull);
             };
-            *slot = Some(Refusal {
-                pending,
-                due: 0,
-                sent: false,
-            });
+            *slot = Some(Refusal { pending, due: None });
             self.refusals_held += 1;
             self.accept(psn);
         } else if let Some(slot) = self.nacks.iter_mut().find(|s| s.is_none()) {

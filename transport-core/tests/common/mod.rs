@@ -140,6 +140,32 @@ impl Pair {
         d
     }
 
+    /// One round of the wire: everything both sides send, minus what `lose` picks (`to_b`,
+    /// bytes), then events and timers, then 1 us.
+    pub fn round(&mut self, lose: &mut impl FnMut(bool, &[u8]) -> bool) {
+        self.transmit();
+        self.deliver_and_tick(lose);
+    }
+
+    /// Delivers what is on the wire except what `lose` picks, hands the events over, fires the
+    /// timers that are due and advances time by 1 us.
+    pub fn deliver_and_tick(&mut self, lose: &mut impl FnMut(bool, &[u8]) -> bool) {
+        for (to_b, port, bytes) in std::mem::take(&mut self.wire) {
+            if !lose(to_b, &bytes) {
+                let _ = self.deliver(to_b, port, &bytes);
+            }
+        }
+        for side in [&mut self.a, &mut self.b] {
+            while let Some(e) = side.conn.poll_event() {
+                side.events.push(e);
+            }
+            if side.conn.poll_timeout().is_some_and(|t| t <= self.now) {
+                side.conn.handle_timeout(self.now);
+            }
+        }
+        self.now += 1_000;
+    }
+
     /// Runs until nothing moves, advancing time by 1 us per round.
     pub fn settle(&mut self) {
         for _ in 0..10_000 {
@@ -156,18 +182,7 @@ impl Pair {
                     break;
                 }
             }
-            for (to_b, port, bytes) in std::mem::take(&mut self.wire) {
-                let _ = self.deliver(to_b, port, &bytes);
-            }
-            for side in [&mut self.a, &mut self.b] {
-                while let Some(e) = side.conn.poll_event() {
-                    side.events.push(e);
-                }
-                if side.conn.poll_timeout().is_some_and(|t| t <= self.now) {
-                    side.conn.handle_timeout(self.now);
-                }
-            }
-            self.now += 1_000;
+            self.deliver_and_tick(&mut |_, _| false);
         }
         for side in [&mut self.a, &mut self.b] {
             while let Some(e) = side.conn.poll_event() {
