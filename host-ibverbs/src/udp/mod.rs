@@ -531,18 +531,16 @@ impl MemoryRegion {
         v
     }
 
-    /// Whether `len` bytes at `offset` equal `expected` (compares without a copy of the region).
+    /// Whether `len` bytes at `offset` equal `expected`, compared in place (no copy, no
+    /// scratch buffer).
     pub fn equals(&self, offset: usize, expected: &[u8]) -> Result<bool, Error> {
         self.check("mr_compare", offset, expected.len())?;
-        let mut chunk = [0u8; 4096];
-        for (i, want) in expected.chunks(chunk.len()).enumerate() {
-            let got = &mut chunk[..want.len()];
-            self.read(offset + i * 4096, got)?;
-            if got != want {
-                return Ok(false);
-            }
-        }
-        Ok(true)
+        // SAFETY: the range is inside the allocation (checked); the engine writes region memory
+        // only inside API calls on this thread, and the slice does not outlive this comparison.
+        let got = unsafe {
+            std::slice::from_raw_parts(self.inner.ptr.as_ptr().add(offset), expected.len())
+        };
+        Ok(got == expected)
     }
 
     /// A scatter-gather element over `len` bytes at `offset`.

@@ -272,6 +272,35 @@ fn bad_posts_name_the_operation_and_the_reason() {
 }
 
 #[test]
+fn a_region_compares_in_place_and_refuses_ranges_outside_it() {
+    let a = side();
+    let mr = a.pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    let data = pattern(64, 5);
+    mr.write(0, &data).unwrap();
+    assert!(mr.equals(0, &data).unwrap());
+    assert!(mr.equals(10, &data[10..20]).unwrap());
+    assert!(mr.equals(64, &[]).unwrap(), "an empty range at the end is inside");
+    let mut other = data.clone();
+    other[63] ^= 1;
+    assert!(!mr.equals(0, &other).unwrap(), "the last byte differs");
+    assert!(!mr.equals(1, &data[..63]).unwrap(), "shifted by one");
+    let err = mr.equals(1, &data).unwrap_err();
+    assert_eq!(err.op, "mr_compare");
+    assert!(
+        matches!(
+            err.kind,
+            ErrorKind::LocalBounds {
+                offset: 1,
+                len: 64,
+                region_len: 64
+            }
+        ),
+        "{err}"
+    );
+    assert!(mr.equals(usize::MAX, &data[..2]).is_err(), "no overflow");
+}
+
+#[test]
 fn a_region_dropped_with_a_request_in_flight_stays_alive_until_it_completes() {
     let (a, qa, b, _qb) = pair(&QpAttr::default());
     let dst = b.pd.reg_mr(1 << 16, Access::REMOTE_WRITE).unwrap();
