@@ -3,8 +3,8 @@
 //! reporting half the round trip as perftest does.
 //!
 //! ```text
-//! udp_pingpong server PORT [--like-transport]
-//! udp_pingpong client HOST:PORT SIZE ITERATIONS [--like-transport]   # prints one JSON line
+//! udp_pingpong server PORT [--like-transport] [--work NS]
+//! udp_pingpong client HOST:PORT SIZE ITERATIONS [--like-transport] [--work NS]   # one JSON line
 //! ```
 //!
 //! `--like-transport` (both ends) gives the ping-pong the socket features the UDP transport uses,
@@ -13,10 +13,14 @@
 //! datagram, 8 MiB socket buffers, UDP GRO on the receiving socket, arrivals read with `recvmsg`
 //! and their ECN bits (`IP_RECVTOS`), answers sent from eight connected sockets in turn (the
 //! paths). It separates what those features cost from what the engine costs.
+//!
+//! `--work NS` (both ends) spins NS nanoseconds between receiving a datagram and answering it, as
+//! an engine's processing would: it shows what a given cost per hop does to p50 and p99 on the
+//! machine at hand (`scripts/bench-lat-budget.sh`).
 
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Bytes a 2-byte Write with immediate adds on the wire, from the BTH to the ICRC.
 const TRANSPORT_OVERHEAD: usize = 58;
@@ -127,9 +131,23 @@ fn spin_recv(s: &UdpSocket, buf: &mut [u8], cmsg: bool) -> (usize, SocketAddr, u
     }
 }
 
+/// Spins for `work` (an engine's processing of one arrival and its answer, emulated).
+fn busy(work: Option<Duration>) {
+    if let Some(w) = work {
+        let t = Instant::now();
+        while t.elapsed() < w {
+            std::hint::spin_loop();
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let like = args.iter().any(|a| a == "--like-transport");
+    let work = args
+        .iter()
+        .position(|a| a == "--work")
+        .map(|i| Duration::from_nanos(args[i + 1].parse().expect("--work NANOSECONDS")));
     match args.get(1).map(String::as_str) {
         Some("server") => {
             let port = args.get(2).map_or("18700", String::as_str);
@@ -143,6 +161,7 @@ fn main() {
             let mut buf = vec![0u8; 65536];
             loop {
                 let (n, from, _ecn) = spin_recv(&s, &mut buf, like);
+                busy(work);
                 if n == 1 && buf[0] == 0xff {
                     return;
                 }
@@ -190,6 +209,7 @@ fn main() {
                     s.send(&msg).expect("send");
                 }
                 spin_recv(&s, &mut buf, like);
+                busy(work);
                 samples.push(t0.elapsed().as_nanos() as f64 / 2000.0);
             }
             let _ = if like {
@@ -212,7 +232,7 @@ fn main() {
         }
         _ => {
             eprintln!(
-                "usage: udp_pingpong server PORT [--like-transport] | client HOST:PORT SIZE ITERATIONS [--like-transport]"
+                "usage: udp_pingpong server PORT [--like-transport] [--work NS] | client HOST:PORT SIZE ITERATIONS [--like-transport] [--work NS]"
             );
             std::process::exit(2);
         }

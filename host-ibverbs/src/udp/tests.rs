@@ -279,7 +279,10 @@ fn a_region_compares_in_place_and_refuses_ranges_outside_it() {
     mr.write(0, &data).unwrap();
     assert!(mr.equals(0, &data).unwrap());
     assert!(mr.equals(10, &data[10..20]).unwrap());
-    assert!(mr.equals(64, &[]).unwrap(), "an empty range at the end is inside");
+    assert!(
+        mr.equals(64, &[]).unwrap(),
+        "an empty range at the end is inside"
+    );
     let mut other = data.clone();
     other[63] ^= 1;
     assert!(!mr.equals(0, &other).unwrap(), "the last byte differs");
