@@ -260,3 +260,70 @@ fn a_read_response_carries_the_ack_of_its_request() {
     assert_eq!(carried, 19);
     assert!(p.a.mem[0x2000..0x2040].iter().all(|&b| b == 0x5a));
 }
+
+/// The ACK a ping carries is taken after the ping's own work and after the answer a runner sends
+/// at once: the completion it brings comes with the next `handle_datagram`, `poll_transmit` or
+/// `handle_timeout` (which `poll_timeout` asks for at once), and the round trip it measures ends
+/// when it arrived, not when it was taken.
+#[test]
+fn a_carried_ack_is_taken_after_the_answer_as_of_its_arrival() {
+    let mut p = Pair::new();
+    grant_both(&mut p);
+    p.a.conn.post_recv(recv(100)).unwrap();
+    p.b.conn.post_recv(recv(200)).unwrap();
+    p.a.conn.post(p.now, write_imm(1, 8, 0x100, 1)).unwrap();
+    p.doorbell(true);
+    p.now += 3_000;
+    for (to_b, port, bytes) in std::mem::take(&mut p.wire) {
+        p.deliver(to_b, port, &bytes).unwrap();
+    }
+    while let Some(e) = p.b.conn.poll_event() {
+        p.b.events.push(e);
+    }
+    assert_eq!(recv_completions(&p.b.events), 1);
+    // B answers at once; the answer carries the ACK of the ping.
+    p.b.conn.post(p.now, write_imm(2, 8, 0x200, 2)).unwrap();
+    p.doorbell(false);
+    let answer = std::mem::take(&mut p.wire);
+    assert_eq!(answer.len(), 1);
+    assert!(kind(&answer[0].2).1, "the answer carries the ACK");
+    p.now += 4_000;
+    let arrived = p.now;
+    for (to_b, port, bytes) in answer {
+        p.deliver(to_b, port, &bytes).unwrap();
+    }
+    while let Some(e) = p.a.conn.poll_event() {
+        p.a.events.push(e);
+    }
+    // The answer is in; the ACK it carried is not taken yet.
+    assert_eq!(recv_completions(&p.a.events), 1);
+    assert_eq!(done(&p.a.events, CompletionKind::Write), 0);
+    assert!(!p.a.conn.is_idle());
+    assert_eq!(
+        p.a.conn.poll_timeout(),
+        Some(arrived),
+        "asks to be taken at once"
+    );
+    // Taken half a millisecond later, it still measures the 7 us round trip.
+    p.now += 500_000;
+    p.a.conn.handle_timeout(p.now);
+    while let Some(e) = p.a.conn.poll_event() {
+        p.a.events.push(e);
+    }
+    assert_eq!(done(&p.a.events, CompletionKind::Write), 1);
+    assert!(p.a.conn.is_idle());
+    let path = (0..4)
+        .map(|i| p.a.conn.path_stats(i).unwrap())
+        .find(|s| s.sent > 0)
+        .unwrap();
+    assert_eq!((path.acked, path.retransmitted), (1, 0));
+    assert!(
+        (6_000..8_000).contains(&path.rtt_min),
+        "round trip {} ns",
+        path.rtt_min
+    );
+    // B has the answer acknowledged alone, after its ACK delay; then both are idle.
+    p.settle();
+    assert_eq!(done(&p.b.events, CompletionKind::Write), 1);
+    assert!(p.a.conn.is_idle() && p.b.conn.is_idle());
+}

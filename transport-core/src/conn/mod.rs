@@ -391,6 +391,9 @@ pub struct Connection<
     control_dirty: bool,
     /// A Read or atomic response was queued since the last `poll_transmit`.
     response_ready: bool,
+    /// The ACK the last data packet carried (flag A) and when it arrived: taken after that
+    /// packet's own work and after the answer a runner sends at once (see `handle_datagram`).
+    carried: Option<(Instant, Psn, MrAckRepr)>,
     tx_streams: [TxStream; S],
     // Receiver.
     rx_paths: [RxPath; P],
@@ -479,6 +482,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             send_hint: 0,
             control_dirty: false,
             response_ready: false,
+            carried: None,
             tx_streams: [TxStream {
                 next_msn: 0,
                 next_read: 0,
@@ -674,6 +678,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     pub fn poll_timeout(&self) -> Option<Instant> {
         let mut t: Option<Instant> = None;
         let mut at = |x: Instant| t = Some(t.map_or(x, |y| y.min(x)));
+        if let Some((arrived, _, _)) = self.carried {
+            at(arrived);
+        }
         for (i, p) in self
             .paths
             .iter()
@@ -710,6 +717,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 
     /// Fires the timers due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.settle_carried();
         for i in 0..usize::from(self.cfg.paths) {
             let p = &self.paths[i];
             if p.una != p.next_seq {
@@ -835,6 +843,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// then data; except that the first packet of a Read or atomic response just queued goes
     /// before them, carrying the ACK of its request.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        self.settle_carried();
         if buf.len() < self.cfg.mtu as usize + 128 {
             return None;
         }
@@ -1063,12 +1072,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// one has room.
     fn pick_path(&mut self, avoid: Option<usize>) -> Option<usize> {
         let n = usize::from(self.cfg.paths);
-        if avoid.is_none() && self.una == self.nxt {
+        let last = (self.rr + n - 1) % n;
+        if avoid.is_none() && self.idle_but_carried(last) {
             // Nothing in flight (one message at a time, a ping-pong): spraying gains nothing, so
             // stay on the last path while it is idle and healthy; its socket and route stay warm.
-            let last = (self.rr + n - 1) % n;
             let p = &self.paths[last];
-            if p.state == PathState::Active && p.next_seq == p.una && p.stats.sent > 0 {
+            if p.state == PathState::Active && p.stats.sent > 0 {
                 return Some(last);
             }
         }
@@ -1088,6 +1097,25 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             return Some(i);
         }
         fallback
+    }
+
+    /// Whether nothing is in flight, or nothing would be once the carried ACK not yet taken is
+    /// (it reports every transmission of path `last`, and no other path has any in flight).
+    fn idle_but_carried(&self, last: usize) -> bool {
+        if self.una == self.nxt {
+            let p = &self.paths[last];
+            return p.next_seq == p.una;
+        }
+        let Some((_, _, ack)) = &self.carried else {
+            return false;
+        };
+        usize::from(ack.path_id) == last
+            && PathSeq(ack.cum_seq) == self.paths[last].next_seq
+            && self.retx_head == self.retx_tail
+            && self.paths[..usize::from(self.cfg.paths)]
+                .iter()
+                .enumerate()
+                .all(|(i, p)| i == last || p.next_seq == p.una)
     }
 
     fn transmit_retx(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
@@ -1297,6 +1325,14 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// Handles an arrived datagram (BTH to ICRC) that came from UDP source port `src_port`, with
     /// `ce` when its IP header was marked Congestion Experienced. Returns what to place where, or
     /// why it was dropped.
+    ///
+    /// The ACK a data packet carries (flag A) is taken after the packet's own work: by the next
+    /// call of this function, [`Connection::poll_transmit`] or [`Connection::handle_timeout`]
+    /// (as of its arrival time; [`Connection::poll_timeout`] asks for the call at once). A runner
+    /// that answers a ping at once (completion, post, [`Connection::poll_transmit_data`]) so
+    /// sends the answer before the sender-side work of the ACK, which the answer does not need:
+    /// until then the acknowledged requests count as in flight, which may hold back new data (a
+    /// full window) or completions, never retransmit anything.
     pub fn handle_datagram(
         &mut self,
         now: Instant,
@@ -1305,6 +1341,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         datagram: &[u8],
     ) -> Result<Delivery, DropReason> {
         self.abandon_atomic();
+        self.settle_carried();
         let Some(view) = self.check_datagram(src_port, datagram) else {
             self.counters.drop_malformed += 1;
             return Err(DropReason::Malformed);
@@ -1338,7 +1375,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 Some(data) => {
                     if let Some(p) = view.piggy {
                         self.counters.acks_piggyback_received += 1;
-                        self.on_ack(now, p.cum_psn, &p.ack);
+                        self.carried = Some((now, p.cum_psn, p.ack));
                     }
                     self.on_data(
                         now,
@@ -1512,6 +1549,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         } else if acked > 0 && p.cwnd < max {
             let inc = (acked.min(PATH_RING as u32) * CWND_ONE * CWND_ONE / p.cwnd).max(1);
             p.cwnd = (p.cwnd + inc).min(max);
+        }
+    }
+
+    /// Takes the ACK the last data packet carried, if it has not been taken yet.
+    fn settle_carried(&mut self) {
+        if let Some((at, cum_psn, ack)) = self.carried.take() {
+            self.on_ack(at, cum_psn, &ack);
         }
     }
 
