@@ -107,6 +107,13 @@ pub struct PerfArgs {
     /// -q connections (use one per core the transport may take).
     #[arg(long, default_value_t = 1)]
     pub threads: u32,
+    /// Latency tests: print every sample, sorted, before the summary line (perftest's format:
+    /// `#, usec` then `N, value`); with --json, a `samples_us` array in the order measured.
+    #[arg(short = 'H', long = "report-histogram")]
+    pub report_histogram: bool,
+    /// Latency tests: as -H, and the samples in the order measured before the sorted ones.
+    #[arg(short = 'U', long = "report-unsorted")]
+    pub report_unsorted: bool,
     /// Print one JSON object per result line.
     #[arg(long)]
     pub json: bool,
@@ -141,6 +148,7 @@ fn config(test: Test, a: &PerfArgs) -> Result<PerfConfig, String> {
     c.gro = !a.no_gro;
     c.batch = !a.no_batch;
     c.threads = a.threads;
+    c.samples = a.report_histogram || a.report_unsorted;
     c.pcap = a.pcap.clone();
     c.bind = a.bind;
     c.ib_port = a.ib_port;
@@ -188,6 +196,19 @@ pub fn run_perf(test: Test, a: &PerfArgs) -> ExitCode {
 }
 
 fn print_report(test: Test, json: bool, gbits: bool, r: &Report, header: &mut bool) {
+    print_report_samples(test, json, gbits, false, r, header)
+}
+
+/// As `print_report`, with a latency result's samples (if it has them) before its line, in the
+/// order measured first with `unsorted`, as perftest's -U and -H print them.
+fn print_report_samples(
+    test: Test,
+    json: bool,
+    gbits: bool,
+    unsorted: bool,
+    r: &Report,
+    header: &mut bool,
+) {
     let mut out = io::stdout().lock();
     if json {
         let _ = writeln!(out, "{}", r.to_json(test));
@@ -195,6 +216,23 @@ fn print_report(test: Test, json: bool, gbits: bool, r: &Report, header: &mut bo
         if !*header {
             let _ = writeln!(out, "{}", perf::table_header(test, gbits));
             *header = true;
+        }
+        if let Report::Lat(l) = r {
+            if !l.samples_us.is_empty() {
+                let mut sorted = l.samples_us.clone();
+                sorted.sort_by(f64::total_cmp);
+                let lists = if unsorted {
+                    vec![&l.samples_us, &sorted]
+                } else {
+                    vec![&sorted]
+                };
+                for list in lists {
+                    let _ = writeln!(out, "#, usec");
+                    for (i, v) in list.iter().enumerate() {
+                        let _ = writeln!(out, "{}, {}", i + 1, perf::sample_text(*v));
+                    }
+                }
+            }
         }
         let _ = writeln!(out, "{}", perf::table_line(r, gbits));
     }
@@ -204,7 +242,14 @@ fn print_report(test: Test, json: bool, gbits: bool, r: &Report, header: &mut bo
 fn client(cfg: &PerfConfig, a: &PerfArgs) -> ExitCode {
     let mut header = false;
     let result = perf::run_client(cfg, |r| {
-        print_report(cfg.test, a.json, a.report_gbits, r, &mut header)
+        print_report_samples(
+            cfg.test,
+            a.json,
+            a.report_gbits,
+            a.report_unsorted,
+            r,
+            &mut header,
+        )
     });
     match result {
         Ok(reports) => {

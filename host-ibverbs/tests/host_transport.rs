@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_success, bin, pair, port, server_counter, ScratchDir};
+use common::{assert_success, bin, pair, pair_printing, port, server_counter, ScratchDir};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
@@ -408,6 +408,100 @@ fn latency_tests_over_processes() {
             assert!(r[k].as_f64().unwrap() > 0.0, "{test} {k}");
         }
     }
+}
+
+/// perftest's -H and -U: every sample, sorted (and first in the order measured with -U),
+/// before the summary line; with --json a `samples_us` array in the order measured, whose
+/// extremes and median are the summary's.
+#[test]
+fn every_sample_is_reported_when_asked() {
+    let p = pair(
+        "write-lat",
+        &[],
+        &["--data-port", "0"],
+        &[],
+        &["-n", "300", "-U", "--data-port", "0"],
+        "127.0.0.1",
+        &[],
+    );
+    assert_success(&p);
+    let r = &p.client_json()[0];
+    let samples: Vec<f64> = r["samples_us"]
+        .as_array()
+        .expect("samples_us")
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(samples.len(), 300);
+    let mut sorted = samples.clone();
+    sorted.sort_by(f64::total_cmp);
+    assert_eq!(sorted[0], r["t_min_us"].as_f64().unwrap());
+    assert_eq!(sorted[299], r["t_max_us"].as_f64().unwrap());
+    assert_eq!(sorted[149], r["p50_us"].as_f64().unwrap());
+    assert_eq!(sorted[296], r["p99_us"].as_f64().unwrap());
+
+    let p = pair_printing(
+        "write-lat",
+        &[],
+        &["--data-port", "0"],
+        &[],
+        &["-n", "200", "-U", "--data-port", "0"],
+        "127.0.0.1",
+        &[],
+        false,
+    );
+    assert_success(&p);
+    let out = String::from_utf8_lossy(&p.client.stdout).into_owned();
+    let blocks: Vec<Vec<f64>> = out
+        .split("#, usec\n")
+        .skip(1)
+        .map(|b| {
+            b.lines()
+                .map_while(|l| {
+                    let (i, v) = l.split_once(", ")?;
+                    i.parse::<usize>().ok()?;
+                    v.parse::<f64>().ok()
+                })
+                .collect()
+        })
+        .collect();
+    assert_eq!(blocks.len(), 2, "{out}");
+    assert_eq!((blocks[0].len(), blocks[1].len()), (200, 200), "{out}");
+    assert!(blocks[1].windows(2).all(|w| w[0] <= w[1]), "sorted");
+    let mut first = blocks[0].clone();
+    first.sort_by(f64::total_cmp);
+    assert_eq!(first, blocks[1], "the same samples");
+    // The summary line follows, its t_min the smallest sample.
+    let last = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with(" 2 "))
+        .expect(&out);
+    let t_min: f64 = last.split_whitespace().nth(2).unwrap().parse().unwrap();
+    assert!(
+        (t_min - blocks[1][0]).abs() < 0.006,
+        "{last} vs {}",
+        blocks[1][0]
+    );
+
+    // Without -H nothing more is printed; bandwidth tests refuse it.
+    let p = pair(
+        "write-lat",
+        &[],
+        &["--data-port", "0"],
+        &[],
+        &["-n", "50", "--data-port", "0"],
+        "127.0.0.1",
+        &[],
+    );
+    assert_success(&p);
+    assert!(p.client_json()[0].get("samples_us").is_none());
+    let out = Command::new(bin())
+        .args(["write-bw", "127.0.0.1", "-H"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("apply to latency tests"));
 }
 
 #[test]

@@ -125,6 +125,9 @@ pub struct PerfConfig {
     /// Bandwidth tests: worker threads per end, each with its own device (UDP socket and
     /// engine) and its share of the connections.
     pub threads: u32,
+    /// Latency tests: every sample in the result (`LatResult::samples_us`), as perftest's `-H`
+    /// and `-U` print them.
+    pub samples: bool,
     /// The backend.
     pub transport: Transport,
     /// Verbs: the RDMA device (default: the first).
@@ -163,6 +166,7 @@ impl PerfConfig {
             progress: true,
             publish_stats: true,
             threads: 1,
+            samples: false,
             transport: Transport::Udp,
             device: None,
             ib_port: 1,
@@ -266,7 +270,8 @@ impl Report {
                 "paths_used": r.paths_used,
                 "path_failures": r.path_failures,
             }),
-            Report::Lat(r) => json!({
+            Report::Lat(r) => {
+                let mut v = json!({
                 "test": test.name(),
                 "bytes": r.size,
                 "iterations": r.iterations,
@@ -278,7 +283,12 @@ impl Report {
                 "t_max_us": r.t_max_us,
                 "t_stdev_us": r.t_stdev_us,
                 "verified": r.verified,
-            }),
+                });
+                if !r.samples_us.is_empty() {
+                    v["samples_us"] = json!(r.samples_us);
+                }
+                v
+            }
         }
     }
 
@@ -334,6 +344,20 @@ pub fn table_line(r: &Report, gbits: bool) -> String {
             l.p99_us,
             l.p999_us
         ),
+    }
+}
+
+/// A sample as perftest's `-H` prints it (`%g`: six significant digits, no trailing zeros).
+pub fn sample_text(us: f64) -> String {
+    if !us.is_finite() || us == 0.0 {
+        return format!("{us}");
+    }
+    let digits = (5 - us.abs().log10().floor() as i32).clamp(0, 12) as usize;
+    let s = format!("{us:.digits$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
     }
 }
 
@@ -441,6 +465,11 @@ fn validate(cfg: &PerfConfig) -> Result<(), PerfError> {
     if cfg.threads == 0 || cfg.threads > cfg.qps {
         return Err(PerfError::Invalid(
             "--threads must be at least 1 and at most -q".into(),
+        ));
+    }
+    if cfg.samples && !cfg.test.is_latency() {
+        return Err(PerfError::Invalid(
+            "-H and -U (every sample) apply to latency tests".into(),
         ));
     }
     if cfg.threads > 1 && cfg.test.is_latency() {

@@ -98,6 +98,9 @@ pub struct LatResult {
     pub t_stdev_us: f64,
     /// Whether every byte was right.
     pub verified: bool,
+    /// Every sample in the order measured (microseconds, as the figures above), when asked for
+    /// (`PerfConfig::samples`); empty otherwise.
+    pub samples_us: Vec<f64>,
 }
 
 /// No completion for this long is a stall.
@@ -572,7 +575,14 @@ fn client_lat(
             *s /= 2.0;
         }
     }
-    Ok(lat_stats(size, &mut samples, verified))
+    let in_order = if cfg.samples {
+        samples.clone()
+    } else {
+        Vec::new()
+    };
+    let mut r = lat_stats(size, &mut samples, verified);
+    r.samples_us = in_order;
+    Ok(r)
 }
 
 fn lat_stats(size: usize, samples: &mut [f64], verified: bool) -> LatResult {
@@ -598,6 +608,7 @@ fn lat_stats(size: usize, samples: &mut [f64], verified: bool) -> LatResult {
         t_max_us: samples.last().copied().unwrap_or(0.0),
         t_stdev_us: var.sqrt(),
         verified,
+        samples_us: Vec::new(),
     }
 }
 

@@ -265,3 +265,14 @@ fn every_test_over_a_real_rdma_device() {
         assert!(reports[0].verified() && served.verified, "{test:?}");
     }
 }
+
+#[test]
+fn samples_print_as_perftest_prints_them() {
+    assert_eq!(sample_text(2.345), "2.345");
+    assert_eq!(sample_text(5588.7), "5588.7");
+    assert_eq!(sample_text(3.0), "3");
+    assert_eq!(sample_text(123_456.7), "123457");
+    assert_eq!(sample_text(0.000_123_456_789), "0.000123457");
+    assert_eq!(sample_text(12.345_678_9), "12.3457");
+    assert_eq!(sample_text(0.0), "0");
+}

@@ -104,6 +104,30 @@ pub fn pair(
     server_addr: &str,
     env: &[(&str, &str)],
 ) -> Pair {
+    pair_printing(
+        test,
+        server_prefix,
+        server_args,
+        client_prefix,
+        client_args,
+        server_addr,
+        env,
+        true,
+    )
+}
+
+/// As [`pair`], the client printing JSON lines or, without `client_json`, perftest's table.
+#[allow(clippy::too_many_arguments)]
+pub fn pair_printing(
+    test: &str,
+    server_prefix: &[&str],
+    server_args: &[&str],
+    client_prefix: &[&str],
+    client_args: &[&str],
+    server_addr: &str,
+    env: &[(&str, &str)],
+    client_json: bool,
+) -> Pair {
     let port = port().to_string();
     let spawn = |prefix: &[&str], args: Vec<&str>| {
         let mut cmd = if prefix.is_empty() {
@@ -145,7 +169,10 @@ pub fn pair(
         let _ = stderr.read_to_string(&mut s);
         s
     });
-    let mut cargs = vec![server_addr, "-p", port.as_str(), "--json"];
+    let mut cargs = vec![server_addr, "-p", port.as_str()];
+    if client_json {
+        cargs.push("--json");
+    }
     cargs.extend_from_slice(client_args);
     let client = wait(spawn(client_prefix, cargs), Duration::from_secs(180));
     let mut server = wait(server, Duration::from_secs(30));
