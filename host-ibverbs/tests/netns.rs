@@ -288,6 +288,12 @@ fn marks_on_some_paths_steer_the_data_to_the_others() {
     assert_eq!(paths.len(), 16);
     let (mut marked, mut clear) = ((0u64, 0u64), (0u64, 0u64)); // (packets, paths)
     for path in paths {
+        if path["failures"].as_u64().unwrap() > 0 {
+            // A path that failed (timeouts on a loaded machine) moved to another source port:
+            // its marks and packets may belong to a port of the other parity.
+            eprintln!("path moved ports, not classified: {path}");
+            continue;
+        }
         let port = path["src_port"].as_u64().unwrap();
         let tx = path["tx_packets"].as_u64().unwrap();
         let cuts = path["cwnd_cuts"].as_u64().unwrap();
@@ -300,7 +306,7 @@ fn marks_on_some_paths_steer_the_data_to_the_others() {
             clear = (clear.0 + tx, clear.1 + 1);
         }
     }
-    // Sixteen random ports of one parity only: 2 in 65536.
+    // Sixteen random ports of one parity only: 2 in 65536 (more if paths moved).
     assert!(marked.1 > 0 && clear.1 > 0, "{paths:?}");
     let per_marked = marked.0 / marked.1;
     let per_clear = clear.0 / clear.1;
