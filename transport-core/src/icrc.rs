@@ -12,7 +12,9 @@
 //! feature it is `crc32fast` (PCLMULQDQ folding on x86_64, the ARMv8 CRC32 instructions on
 //! aarch64; detected at run time when the final binary enables `crc32fast/std`), otherwise the
 //! `crc` crate's slice-by-16 table, which builds for every target. `docs/BENCHMARKS.md` holds the
-//! measurement that chose them.
+//! measurement that chose them. A connection hashes through an [`Engine`]: this build's, or one
+//! its runner hands in for the machine (the UDP transport's PCLMULQDQ block folding for short
+//! datagrams, which needs no tables), fed whole 16-byte blocks through [`SplitPrefix`].
 
 /// Bytes of the masked prefix: 8 (LRH) + 60 (largest IPv4 header) + 8 (UDP) + 12 (BTH).
 const PREFIX_MAX: usize = 8 + 60 + 8 + 12;
@@ -64,6 +66,67 @@ impl Hasher {
     }
 }
 
+/// A CRC-32 (zlib) engine: the CRC-32 of some bytes and the bytes that follow them in, the CRC-32
+/// of all of them out. [`Engine::BuiltIn`] is this build's ([`crc32_update`]); a runner may hand
+/// the connections a faster one for the machine it runs on ([`crate::conn::Config::icrc_engine`]).
+/// Every ICRC of a connection reaches it through [`finish_split`], in whole 16-byte blocks where
+/// the datagram allows (see [`SplitPrefix`]).
+#[derive(Clone, Copy, Default)]
+pub enum Engine {
+    /// This build's engine.
+    #[default]
+    BuiltIn,
+    /// A runner's engine, known by its name (for `Debug` and equality: function addresses are
+    /// not a reliable identity).
+    Runner {
+        /// What it is, such as "pclmulqdq".
+        name: &'static str,
+        /// The CRC-32 of the bytes so far and the next bytes in, of all of them out.
+        update: fn(u32, &[u8]) -> u32,
+    },
+}
+
+impl Engine {
+    /// Continues the CRC-32 `crc` over `bytes`.
+    #[inline]
+    pub fn update(&self, crc: u32, bytes: &[u8]) -> u32 {
+        match self {
+            Engine::BuiltIn => crc32_update(crc, bytes),
+            Engine::Runner { update, .. } => update(crc, bytes),
+        }
+    }
+
+    /// Its name ("built-in" for this build's).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Engine::BuiltIn => "built-in",
+            Engine::Runner { name, .. } => name,
+        }
+    }
+}
+
+impl core::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "Engine({})", self.name())
+    }
+}
+
+impl PartialEq for Engine {
+    fn eq(&self, other: &Self) -> bool {
+        self.name() == other.name()
+    }
+}
+
+impl Eq for Engine {}
+
+/// CRC-32 (zlib) of the bytes before, `crc`, continued over `bytes`, on this build's engine.
+#[inline]
+pub fn crc32_update(crc: u32, bytes: &[u8]) -> u32 {
+    let mut h = Hasher::resume(crc);
+    h.update(bytes);
+    h.finish()
+}
+
 /// CRC-32 as zlib computes it, on this build's fastest engine.
 #[inline]
 pub fn crc32(bytes: &[u8]) -> u32 {
@@ -86,6 +149,13 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], transport: &[u8]) -> u32 {
 /// A sender or receiver that sees the same addresses, ports and length again can keep it and
 /// hand it to [`finish`] with each packet's transport bytes.
 pub fn prefix(ip_header: &[u8], udp_header: &[u8]) -> u32 {
+    let (bytes, n) = prefix_bytes(ip_header, udp_header);
+    crc32(&bytes[..n])
+}
+
+/// The masked LRH, IP header and UDP header that [`prefix`] hashes, and how many of the bytes
+/// they are.
+fn prefix_bytes(ip_header: &[u8], udp_header: &[u8]) -> ([u8; PREFIX_MAX], usize) {
     let mut prefix = [0xffu8; PREFIX_MAX];
     let ip_len = ip_header.len().min(60);
     let ip = &mut prefix[8..8 + ip_len];
@@ -114,7 +184,60 @@ pub fn prefix(ip_header: &[u8], udp_header: &[u8]) -> u32 {
         prefix[n + 7] = 0xff;
     }
     n += udp_len;
-    crc32(&prefix[..n])
+    (prefix, n)
+}
+
+/// [`prefix`] cut so that what is left of it and `transport_len` transport bytes make whole
+/// 16-byte blocks: the CRC-32 of the masked headers but their last `tail_len` bytes, and those
+/// bytes. [`finish_split`] hashes the tail and the transport bytes in one call of the engine,
+/// which a block-folding engine (PCLMULQDQ) takes without a byte-by-byte start or end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SplitPrefix {
+    /// CRC-32 of the masked headers without the tail.
+    pub crc: u32,
+    /// The last bytes of the masked headers.
+    pub tail: [u8; 16],
+    /// How many of `tail` are used (0 to 15).
+    pub tail_len: u8,
+}
+
+/// [`prefix`] as a [`SplitPrefix`] for transports of `transport_len` bytes.
+pub fn split_prefix(ip_header: &[u8], udp_header: &[u8], transport_len: usize) -> SplitPrefix {
+    let (bytes, n) = prefix_bytes(ip_header, udp_header);
+    let t = ((16 - transport_len % 16) % 16).min(n);
+    let mut tail = [0u8; 16];
+    tail[..t].copy_from_slice(&bytes[n - t..n]);
+    SplitPrefix {
+        crc: crc32(&bytes[..n - t]),
+        tail,
+        tail_len: t as u8,
+    }
+}
+
+/// Transports up to this long are hashed with their prefix tail in one engine call.
+const ONE_CALL: usize = 240;
+
+/// [`finish`] from a [`SplitPrefix`], on `engine`: the same ICRC for any transport, in one call
+/// of whole blocks for a short one (the ICRC of a ping, an ACK or a small message), in two for a
+/// long one (the blocks holding the BTH, then the rest).
+pub fn finish_split(p: &SplitPrefix, transport: &[u8], engine: Engine) -> u32 {
+    let t = usize::from(p.tail_len).min(16);
+    let mut head = [0u8; 16 + ONE_CALL];
+    head[..t].copy_from_slice(&p.tail[..t]);
+    let in_head = if transport.len() <= ONE_CALL {
+        transport.len()
+    } else {
+        (t + 12).next_multiple_of(16) - t
+    };
+    head[t..t + in_head].copy_from_slice(&transport[..in_head]);
+    if in_head > 4 {
+        head[t + 4] = 0xff;
+    }
+    let crc = engine.update(p.crc, &head[..t + in_head]);
+    match &transport[in_head..] {
+        [] => crc,
+        rest => engine.update(crc, rest),
+    }
 }
 
 /// The second half of [`compute`]: continues the CRC `prefix` (from [`prefix`]) over the
@@ -187,6 +310,60 @@ mod tests {
             assert_eq!(finish(prefix(&ip, udp), t), want, "len {len}");
             assert_eq!(compute(&ip, udp, t), want, "len {len}");
         }
+    }
+
+    /// The split prefix gives the same ICRC for every transport length, short (one call of the
+    /// engine) and long (two), with IPv4 options and IPv6, and hands the engine whole 16-byte
+    /// blocks only, whatever the length it was split for.
+    #[test]
+    fn split_prefix_then_finish_is_finish_in_whole_blocks() {
+        use core::sync::atomic::{AtomicUsize, Ordering};
+        static CALLS: AtomicUsize = AtomicUsize::new(0);
+        static PARTIAL: AtomicUsize = AtomicUsize::new(0);
+        fn counting(crc: u32, bytes: &[u8]) -> u32 {
+            CALLS.fetch_add(1, Ordering::Relaxed);
+            if bytes.len() % 16 != 0 {
+                PARTIAL.fetch_add(1, Ordering::Relaxed);
+            }
+            crc32_update(crc, bytes)
+        }
+        const COUNTING: Engine = Engine::Runner {
+            name: "counting",
+            update: counting,
+        };
+        let data: std::vec::Vec<u8> = (0..2000u32).map(|i| (i * 29 + 3) as u8).collect();
+        let mut v4 = [0u8; 24];
+        v4.copy_from_slice(&data[..24]);
+        v4[0] = 0x46; // one word of options
+        let mut v6 = [0u8; 40];
+        v6.copy_from_slice(&data[100..140]);
+        v6[0] = 0x60;
+        let udp = &data[200..208];
+        for ip in [&v4[..20], &v4[..], &v6[..]] {
+            for len in 0..600 {
+                let t = &data[300..300 + len];
+                let want = finish(prefix(ip, udp), t);
+                let p = split_prefix(ip, udp, len);
+                assert_eq!((usize::from(p.tail_len) + len) % 16, 0, "len {len}");
+                assert_eq!(finish_split(&p, t, Engine::BuiltIn), want, "len {len}");
+                let before = CALLS.load(Ordering::Relaxed);
+                assert_eq!(finish_split(&p, t, COUNTING), want, "len {len}");
+                let calls = CALLS.load(Ordering::Relaxed) - before;
+                assert_eq!(calls, if len <= ONE_CALL { 1 } else { 2 }, "len {len}");
+                // Split for another length: still right, if not in whole blocks.
+                let other = split_prefix(ip, udp, len + 5);
+                assert_eq!(finish_split(&other, t, Engine::BuiltIn), want, "len {len}");
+            }
+        }
+        assert!(CALLS.load(Ordering::Relaxed) > 1000);
+        assert_eq!(
+            PARTIAL.load(Ordering::Relaxed),
+            0,
+            "calls of partial blocks"
+        );
+        assert_eq!(Engine::default(), Engine::BuiltIn);
+        assert_ne!(COUNTING, Engine::BuiltIn);
+        assert_eq!(std::format!("{COUNTING:?}"), "Engine(counting)");
     }
 
     #[test]

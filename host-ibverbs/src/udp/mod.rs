@@ -16,6 +16,7 @@
 //! engine runs on the calling thread inside [`CompletionQueue::poll`], [`CompletionQueue::wait`]
 //! and [`Context::progress`]; everything here is single-threaded (`!Send`), one device per thread.
 
+pub mod crc_engine;
 mod engine;
 mod error;
 pub mod socket;
@@ -695,6 +696,7 @@ impl QueuePair {
         cfg.probe_interval = a.probe_interval;
         cfg.ack_delay = a.ack_delay;
         cfg.timeouts_to_probe = 3;
+        cfg.icrc_engine = crc_engine::engine();
         let qpn = self.inner.qpn;
         let pd = self.inner.pd.id;
         ctx.with(|e| {

@@ -110,6 +110,10 @@ pub struct Config {
     pub refusal_resend: u64,
     /// Check the ICRC of arriving datagrams (turn off only where the NIC already did).
     pub verify_icrc: bool,
+    /// The CRC-32 engine of the ICRCs (this build's by default; a runner may hand in one for
+    /// its machine, such as PCLMULQDQ block folding on x86_64).
+    #[cfg_attr(feature = "defmt", defmt(Debug2Format))]
+    pub icrc_engine: icrc::Engine,
 }
 
 impl Config {
@@ -140,6 +144,7 @@ impl Config {
             rnr_delay: 50_000,
             refusal_resend: 50_000,
             verify_icrc: true,
+            icrc_engine: icrc::Engine::BuiltIn,
         }
     }
 }
@@ -1316,6 +1321,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             (self.cfg.local_ip, self.cfg.remote_ip),
             (tx.src_port, self.cfg.dst_port),
             &datagram[..icrc_at],
+            self.cfg.icrc_engine,
         );
         datagram[icrc_at..].copy_from_slice(&value.to_le_bytes());
     }
@@ -1419,6 +1425,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 (self.cfg.remote_ip, self.cfg.local_ip),
                 (src_port, self.cfg.local_port),
                 &d[..icrc_at],
+                self.cfg.icrc_engine,
             );
             if stored != computed {
                 return None;
@@ -2191,22 +2198,20 @@ pub fn compute_icrc(
     dst_port: u16,
     transport: &[u8],
 ) -> u32 {
-    icrc::finish(
-        icrc_prefix(src, dst, src_port, dst_port, transport.len()),
-        transport,
-    )
+    let (ip, ip_len, udp) = icrc_headers(src, dst, src_port, dst_port, transport.len());
+    icrc::finish(icrc::prefix(&ip[..ip_len], &udp), transport)
 }
 
-/// The CRC of the masked LRH and the canonical IP and UDP headers of a datagram of
+/// The canonical IP header (and its length) and the UDP header of a datagram of
 /// `transport_len` bytes (BTH to pad) from `src` to `dst`: the part of [`compute_icrc`] that
 /// depends on the addresses, ports and length alone.
-fn icrc_prefix(
+fn icrc_headers(
     src: IpAddr,
     dst: IpAddr,
     src_port: u16,
     dst_port: u16,
     transport_len: usize,
-) -> u32 {
+) -> ([u8; 40], usize, [u8; 8]) {
     let udp_len = (8 + transport_len + 4) as u16;
     let mut udp = [0u8; 8];
     udp[..2].copy_from_slice(&src_port.to_be_bytes());
@@ -2221,7 +2226,9 @@ fn icrc_prefix(
             ip[9] = 17;
             ip[12..16].copy_from_slice(&s.octets());
             ip[16..20].copy_from_slice(&d.octets());
-            icrc::prefix(&ip, &udp)
+            let mut out = [0u8; 40];
+            out[..20].copy_from_slice(&ip);
+            (out, 20, udp)
         }
         (s, d) => {
             let v6 = |a: IpAddr| match a {
@@ -2234,7 +2241,7 @@ fn icrc_prefix(
             ip[6] = 17;
             ip[8..24].copy_from_slice(&v6(s));
             ip[24..40].copy_from_slice(&v6(d));
-            icrc::prefix(&ip, &udp)
+            (ip, 40, udp)
         }
     }
 }
@@ -2242,13 +2249,14 @@ fn icrc_prefix(
 /// Slots of an [`IcrcPrefixes`] cache.
 const ICRC_SLOTS: usize = 8;
 
-/// The ICRC prefixes (see `icrc_prefix`) of one direction of a connection, by UDP source port
-/// (it varies with the path) and datagram length, so that a datagram like a recent one (the same
-/// path, the same size: a ping-pong, full-sized bulk packets) hashes its own bytes only. The
-/// addresses and the destination port are fixed for the direction (the configuration does not
-/// change after the connection is made).
+/// The ICRC prefixes (the CRC of the headers of `icrc_headers`, split for whole blocks: see
+/// [`icrc::SplitPrefix`]) of one direction of a connection, by UDP source port (it varies with
+/// the path) and datagram length, so that a datagram like a recent one (the same path, the same
+/// size: a ping-pong, full-sized bulk packets) hashes its own bytes only. The addresses and the
+/// destination port are fixed for the direction (the configuration does not change after the
+/// connection is made).
 #[derive(Debug, Clone, Default)]
-struct IcrcPrefixes([Option<(u64, u32)>; ICRC_SLOTS]);
+struct IcrcPrefixes([Option<(u64, icrc::SplitPrefix)>; ICRC_SLOTS]);
 
 impl IcrcPrefixes {
     /// [`compute_icrc`] through the cache.
@@ -2257,18 +2265,20 @@ impl IcrcPrefixes {
         (src, dst): (IpAddr, IpAddr),
         (src_port, dst_port): (u16, u16),
         transport: &[u8],
+        engine: icrc::Engine,
     ) -> u32 {
         let key = (u64::from(src_port) << 32) | transport.len() as u64;
         let slot = &mut self.0[(usize::from(src_port) ^ transport.len()) % ICRC_SLOTS];
-        let prefix = match *slot {
-            Some((k, crc)) if k == key => crc,
+        let prefix = match slot {
+            Some((k, p)) if *k == key => *p,
             _ => {
-                let crc = icrc_prefix(src, dst, src_port, dst_port, transport.len());
-                *slot = Some((key, crc));
-                crc
+                let (ip, ip_len, udp) = icrc_headers(src, dst, src_port, dst_port, transport.len());
+                let p = icrc::split_prefix(&ip[..ip_len], &udp, transport.len());
+                *slot = Some((key, p));
+                p
             }
         };
-        icrc::finish(prefix, transport)
+        icrc::finish_split(&prefix, transport, engine)
     }
 }
 
@@ -2297,7 +2307,12 @@ mod unit {
                     for len in [0usize, 5, 60, 60 + ICRC_SLOTS, 1500, 1500] {
                         let t = &data[round..round + len];
                         let want = compute_icrc(ips.0, ips.1, port, 4791, t);
-                        assert_eq!(cache.icrc(ips, (port, 4791), t), want, "{port} {len}");
+                        let engine = crate::icrc::Engine::BuiltIn;
+                        assert_eq!(
+                            cache.icrc(ips, (port, 4791), t, engine),
+                            want,
+                            "{port} {len}"
+                        );
                     }
                 }
             }

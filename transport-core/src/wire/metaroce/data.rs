@@ -39,7 +39,7 @@ const FLAG_ACK: u8 = 0x2;
 pub struct MrDataRepr {
     /// This transmission repeats an earlier one.
     pub retransmit: bool,
-    /// An acknowledgement rides along: the packet's body opens with a [`PiggyAck`] (56 bytes)
+    /// An acknowledgement rides along: the packet's body opens with a [`PiggyAck`](super::PiggyAck) (56 bytes)
     /// before the payload.
     pub ack: bool,
     /// The path the packet was sent on.
