@@ -452,7 +452,10 @@ fn hostile_datagrams_are_dropped_and_counted_while_the_peer_is_served() {
     let mut forged = psn_ahead(real.clone(), 700);
     forged[at] ^= 0xff;
     send(&reseal(forged));
-    // A flood from a stranger's address.
+    // Let B answer what came so far (its ACKs and NACKs may open a path's socket), then a flood
+    // from a stranger's address.
+    let end = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < end && b.ctx.progress(Duration::from_millis(20)) {}
     let stranger = std::net::UdpSocket::bind("127.0.0.2:0").unwrap();
     let held = b.ctx.footprint();
     let mut junk = real.clone();
