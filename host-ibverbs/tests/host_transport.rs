@@ -415,16 +415,23 @@ fn latency_tests_over_processes() {
 /// extremes and median are the summary's.
 #[test]
 fn every_sample_is_reported_when_asked() {
-    let p = pair(
-        "write-lat",
-        &[],
-        &["--data-port", "0"],
-        &[],
-        &["-n", "300", "-U", "--data-port", "0"],
-        "127.0.0.1",
-        &[],
-    );
-    assert_success(&p);
+    let lat = |args: &[&str], json: bool| {
+        let mut a = args.to_vec();
+        a.extend(["--data-port", "0"]);
+        let p = pair_printing(
+            "write-lat",
+            &[],
+            &["--data-port", "0"],
+            &[],
+            &a,
+            "127.0.0.1",
+            &[],
+            json,
+        );
+        assert_success(&p);
+        p
+    };
+    let p = lat(&["-n", "300", "-U"], true);
     let r = &p.client_json()[0];
     let samples: Vec<f64> = r["samples_us"]
         .as_array()
@@ -440,17 +447,7 @@ fn every_sample_is_reported_when_asked() {
     assert_eq!(sorted[149], r["p50_us"].as_f64().unwrap());
     assert_eq!(sorted[296], r["p99_us"].as_f64().unwrap());
 
-    let p = pair_printing(
-        "write-lat",
-        &[],
-        &["--data-port", "0"],
-        &[],
-        &["-n", "200", "-U", "--data-port", "0"],
-        "127.0.0.1",
-        &[],
-        false,
-    );
-    assert_success(&p);
+    let p = lat(&["-n", "200", "-U"], false);
     let out = String::from_utf8_lossy(&p.client.stdout).into_owned();
     let blocks: Vec<Vec<f64>> = out
         .split("#, usec\n")
@@ -485,16 +482,7 @@ fn every_sample_is_reported_when_asked() {
     );
 
     // Without -H nothing more is printed; bandwidth tests refuse it.
-    let p = pair(
-        "write-lat",
-        &[],
-        &["--data-port", "0"],
-        &[],
-        &["-n", "50", "--data-port", "0"],
-        "127.0.0.1",
-        &[],
-    );
-    assert_success(&p);
+    let p = lat(&["-n", "50"], true);
     assert!(p.client_json()[0].get("samples_us").is_none());
     let out = Command::new(bin())
         .args(["write-bw", "127.0.0.1", "-H"])
