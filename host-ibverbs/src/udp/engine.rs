@@ -231,7 +231,8 @@ fn tx_socket<'a>(
 
 /// The engine of one device.
 pub(crate) struct Engine {
-    epoch: std::time::Instant,
+    /// `monotonic_ns` when the device opened.
+    epoch: u64,
     pub rx: UdpSocket,
     pub local_ip: IpAddr,
     opts: SocketOptions,
@@ -242,7 +243,7 @@ pub(crate) struct Engine {
     pub counters: EngineCounters,
     pcap: Option<PcapWriter<BufWriter<File>>>,
     /// Taken out while its datagrams are dispatched (`dispatch` needs the engine).
-    rx_batch: Option<RecvBatch>,
+    rx_batch: Option<Box<RecvBatch>>,
     scratch: Vec<u8>,
     stages: Vec<Stage>,
     /// Where each (source port, destination) stages, in `stages`.
@@ -283,7 +284,7 @@ impl Engine {
     ) -> Engine {
         let local_ip = rx.local_addr().ip();
         Engine {
-            epoch: std::time::Instant::now(),
+            epoch: super::socket::monotonic_ns(),
             rx,
             local_ip,
             opts,
@@ -293,7 +294,7 @@ impl Engine {
             next_internal: 1,
             counters: EngineCounters::default(),
             pcap,
-            rx_batch: Some(RecvBatch::new(RX_BATCH, 65536)),
+            rx_batch: Some(Box::new(RecvBatch::new(RX_BATCH, 65536))),
             scratch: vec![0u8; 65536],
             stages: Vec::new(),
             stage_of: HashMap::default(),
@@ -314,7 +315,7 @@ impl Engine {
 
     /// Nanoseconds since the device opened.
     pub fn now(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
+        super::socket::monotonic_ns().saturating_sub(self.epoch)
     }
 
     /// The regions of protection domain `pd`, as the core registers them.
@@ -489,7 +490,7 @@ impl Engine {
             return;
         };
         if let Some(p) = self.pcap.as_mut() {
-            let t = self.epoch.elapsed().as_nanos() as u64;
+            let t = super::socket::monotonic_ns().saturating_sub(self.epoch);
             write_pcap(
                 p,
                 t,
@@ -660,7 +661,7 @@ impl Engine {
         self.counters.tx_packets += 1;
         self.counters.tx_bytes += d.len() as u64;
         if let Some(p) = self.pcap.as_mut() {
-            let t = self.epoch.elapsed().as_nanos() as u64;
+            let t = super::socket::monotonic_ns().saturating_sub(self.epoch);
             write_pcap(
                 p,
                 t,

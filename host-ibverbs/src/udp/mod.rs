@@ -577,7 +577,9 @@ impl CompletionQueue {
         }
         let mut q = self.shared.queue.borrow_mut();
         let n = max.min(q.len());
-        out.extend(q.drain(..n));
+        if n > 0 {
+            out.extend(q.drain(..n));
+        }
         n
     }
 
