@@ -153,6 +153,62 @@ pub(crate) struct Pending {
     pub keep: Keepalive,
 }
 
+/// The requests of a queue pair waiting for their completions, by the internal id the connection
+/// knows them by: a slot index (low 32 bits) and the slot's generation (high 32), so that posting
+/// and completing are an index each instead of a hash map insert and remove. Slots are reused;
+/// there are never more than requests in flight at once.
+#[derive(Default)]
+pub(crate) struct Requests {
+    slots: Vec<(u32, Option<Pending>)>,
+    free: Vec<u32>,
+    len: usize,
+}
+
+impl Requests {
+    /// The id the next `insert` gives.
+    pub fn next_id(&self) -> u64 {
+        match self.free.last() {
+            Some(&i) => u64::from(self.slots[i as usize].0) << 32 | u64::from(i),
+            None => self.slots.len() as u64,
+        }
+    }
+
+    /// Remembers `p` under `next_id()`.
+    pub fn insert(&mut self, p: Pending) {
+        match self.free.pop() {
+            Some(i) => self.slots[i as usize].1 = Some(p),
+            None => self.slots.push((0, Some(p))),
+        }
+        self.len += 1;
+    }
+
+    /// The request of `id`, if it is waiting.
+    pub fn remove(&mut self, id: u64) -> Option<Pending> {
+        let i = (id & 0xffff_ffff) as u32;
+        let slot = self.slots.get_mut(i as usize)?;
+        if u64::from(slot.0) != id >> 32 {
+            return None;
+        }
+        let p = slot.1.take()?;
+        slot.0 = slot.0.wrapping_add(1);
+        self.free.push(i);
+        self.len -= 1;
+        Some(p)
+    }
+
+    /// Requests waiting.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Every waiting request's keepalive (the queue pair is going).
+    pub fn into_keepalives(self) -> impl Iterator<Item = Keepalive> {
+        self.slots
+            .into_iter()
+            .filter_map(|(_, p)| p.map(|p| p.keep))
+    }
+}
+
 /// Completions waiting to be polled.
 #[derive(Default)]
 pub(crate) struct CqShared {
@@ -164,7 +220,7 @@ pub(crate) struct QpState {
     pub cq: Rc<CqShared>,
     pub conn: Option<Box<Conn>>,
     pub peer: Option<SocketAddr>,
-    pub pending: HashMap<u64, Pending>,
+    pub pending: Requests,
 }
 
 /// Datagrams waiting to leave from one source port to one destination: one buffer, cut into
@@ -229,6 +285,24 @@ fn tx_socket<'a>(
     })
 }
 
+/// The stage of (path port, destination) `key`, made on first use.
+fn stage_of(
+    stages: &mut Vec<Stage>,
+    index: &mut HashMap<(u16, SocketAddr), usize>,
+    key: (u16, SocketAddr),
+) -> usize {
+    *index.entry(key).or_insert_with(|| {
+        stages.push(Stage {
+            key,
+            buf: Vec::with_capacity(GSO_MAX_BYTES),
+            msgs: Vec::with_capacity(TX_BATCH),
+            data: false,
+            queued: false,
+        });
+        stages.len() - 1
+    })
+}
+
 /// The engine of one device.
 pub(crate) struct Engine {
     /// `monotonic_ns` when the device opened.
@@ -239,7 +313,6 @@ pub(crate) struct Engine {
     tx: HashMap<u16, TxSocket>,
     pub qps: HashMap<u32, QpState>,
     pub mems: Mems,
-    pub next_internal: u64,
     pub counters: EngineCounters,
     pcap: Option<PcapWriter<BufWriter<File>>>,
     /// Taken out while its datagrams are dispatched (`dispatch` needs the engine).
@@ -248,6 +321,10 @@ pub(crate) struct Engine {
     stages: Vec<Stage>,
     /// Where each (source port, destination) stages, in `stages`.
     stage_of: HashMap<(u16, SocketAddr), usize>,
+    /// The last path port and destination a datagram was staged for, the port it left from and
+    /// its stage: a ping-pong (one path while idle) finds both without a lookup. Send sockets
+    /// and stages are never removed, so it does not go stale.
+    last_path: Option<(u16, SocketAddr, u16, usize)>,
     /// Stages holding datagrams, to be flushed.
     queued: Vec<usize>,
     /// Datagrams the next receive call asks for (1 to `RX_BATCH`).
@@ -291,13 +368,13 @@ impl Engine {
             tx: HashMap::default(),
             qps: HashMap::default(),
             mems: Mems::new(),
-            next_internal: 1,
             counters: EngineCounters::default(),
             pcap,
             rx_batch: Some(Box::new(RecvBatch::new(RX_BATCH, 65536))),
             scratch: vec![0u8; 65536],
             stages: Vec::new(),
             stage_of: HashMap::default(),
+            last_path: None,
             queued: Vec::new(),
             qpn_list: Vec::new(),
             rounds: 0,
@@ -628,16 +705,24 @@ impl Engine {
                 }
             }
             let path_port = tx.src_port;
-            let wire_port = tx_socket(
-                &mut self.tx,
-                &mut self.counters,
-                &self.rx,
-                &self.opts,
-                self.local_ip,
-                path_port,
-                peer,
-            )
-            .port;
+            let (wire_port, stage) = match self.last_path {
+                Some((p, d, w, i)) if p == path_port && d == peer => (w, i),
+                _ => {
+                    let w = tx_socket(
+                        &mut self.tx,
+                        &mut self.counters,
+                        &self.rx,
+                        &self.opts,
+                        self.local_ip,
+                        path_port,
+                        peer,
+                    )
+                    .port;
+                    let i = stage_of(&mut self.stages, &mut self.stage_of, (path_port, peer));
+                    self.last_path = Some((path_port, peer, w, i));
+                    (w, i)
+                }
+            };
             let tx = transport_core::conn::Transmit {
                 src_port: wire_port,
                 ..tx
@@ -645,7 +730,7 @@ impl Engine {
             conn.seal(&tx, &mut scratch);
             sent = true;
             self.stage(
-                path_port,
+                stage,
                 wire_port,
                 peer,
                 &scratch[..tx.len],
@@ -656,8 +741,8 @@ impl Engine {
         sent
     }
 
-    /// Queues datagram `d` for path port `src_port`, which leaves from `wire_port`.
-    fn stage(&mut self, src_port: u16, wire_port: u16, dst: SocketAddr, d: &[u8], data: bool) {
+    /// Queues datagram `d` in stage `idx` (see `stage_of`), whose path leaves from `wire_port`.
+    fn stage(&mut self, idx: usize, wire_port: u16, dst: SocketAddr, d: &[u8], data: bool) {
         self.counters.tx_packets += 1;
         self.counters.tx_bytes += d.len() as u64;
         if let Some(p) = self.pcap.as_mut() {
@@ -671,21 +756,6 @@ impl Engine {
                 d,
             );
         }
-        let key = (src_port, dst);
-        let idx = match self.stage_of.get(&key) {
-            Some(&i) => i,
-            None => {
-                self.stages.push(Stage {
-                    key,
-                    buf: Vec::with_capacity(GSO_MAX_BYTES),
-                    msgs: Vec::with_capacity(TX_BATCH),
-                    data: false,
-                    queued: false,
-                });
-                self.stage_of.insert(key, self.stages.len() - 1);
-                self.stages.len() - 1
-            }
-        };
         let gso = self.gso;
         let s = &mut self.stages[idx];
         if s.msgs.is_empty() {
@@ -799,7 +869,7 @@ impl Engine {
             while let Some(ev) = conn.poll_event() {
                 match ev {
                     Event::Completion(c) => {
-                        let Some(p) = qp.pending.remove(&c.id) else {
+                        let Some(p) = qp.pending.remove(c.id) else {
                             continue;
                         };
                         self.release.push(p.keep);
@@ -954,5 +1024,48 @@ mod mems_tests {
         assert!(m.contains(8200, 8));
         m.remove(8192);
         assert!(!m.contains(8200, 8));
+    }
+}
+
+#[cfg(test)]
+mod requests_tests {
+    use super::*;
+
+    fn pending(user_id: u64) -> Pending {
+        Pending {
+            user_id,
+            keep: Rc::new(user_id),
+        }
+    }
+
+    #[test]
+    fn requests_reuse_slots_and_refuse_stale_ids() {
+        let mut r = Requests::default();
+        let mut ids = Vec::new();
+        for u in 0..4 {
+            let id = r.next_id();
+            r.insert(pending(u));
+            ids.push(id);
+        }
+        assert_eq!(ids, [0, 1, 2, 3], "fresh slots, generation 0");
+        assert_eq!(r.len(), 4);
+        assert_eq!(r.remove(ids[1]).map(|p| p.user_id), Some(1));
+        assert!(r.remove(ids[1]).is_none(), "completed once only");
+        // The slot comes back under its next generation; the old id does not reach it.
+        let again = r.next_id();
+        assert_eq!(again, 1 << 32 | 1);
+        r.insert(pending(9));
+        assert!(r.remove(ids[1]).is_none(), "a stale id");
+        assert!(
+            r.remove(7).is_none() && r.remove(u64::MAX).is_none(),
+            "never given"
+        );
+        assert_eq!(r.remove(again).map(|p| p.user_id), Some(9));
+        assert_eq!(r.len(), 3);
+        let kept: Vec<u64> = r
+            .into_keepalives()
+            .map(|k| *k.downcast::<u64>().unwrap())
+            .collect();
+        assert_eq!(kept, [0, 2, 3]);
     }
 }

@@ -436,7 +436,7 @@ impl ProtectionDomain {
                     cq: cq.shared.clone(),
                     conn: None,
                     peer: None,
-                    pending: engine::HashMap::default(),
+                    pending: engine::Requests::default(),
                 },
             )
         });
@@ -614,7 +614,7 @@ impl Drop for QpInner {
         let qpn = self.qpn;
         self.pd.ctx.with(|e| {
             if let Some(qp) = e.qps.remove(&qpn) {
-                e.release.extend(qp.pending.into_values().map(|p| p.keep));
+                e.release.extend(qp.pending.into_keepalives());
             }
         });
     }
@@ -798,7 +798,6 @@ impl QueuePair {
         let qpn = self.inner.qpn;
         self.inner.pd.ctx.with(|e| {
             let now = e.now();
-            let id = e.next_internal;
             let qp = e
                 .qps
                 .get_mut(&qpn)
@@ -807,10 +806,10 @@ impl QueuePair {
                 .conn
                 .as_mut()
                 .ok_or(Error::new(op, ErrorKind::NotConnected))?;
+            let id = qp.pending.next_id();
             f(conn, id, now).map_err(|p| Error::new(op, ErrorKind::Post(p)))?;
-            qp.pending.insert(id, Pending { user_id, keep });
+            qp.pending.insert(Pending { user_id, keep });
             e.deadline_stale = true;
-            e.next_internal += 1;
             if doorbell {
                 e.kick(qpn, now);
             }
