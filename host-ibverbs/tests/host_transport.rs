@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_success, bin, pair, pair_printing, port, server_counter, ScratchDir};
+use common::{assert_success, bin, pair, port, server_counter, ScratchDir};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
@@ -35,6 +35,7 @@ fn sixty_four_mib_of_writes_sends_and_reads_on_loopback_with_four_connections() 
             &["--data-port", "0"],
             &[],
             &[
+                "--json",
                 "-s",
                 "1048576",
                 "-n",
@@ -93,6 +94,7 @@ fn ipv6_loopback() {
         &["--data-port", &data_port],
         &[],
         &[
+            "--json",
             "-s",
             "1048576",
             "-n",
@@ -141,6 +143,7 @@ fn the_capture_is_read_by_tshark_as_rocev2_and_by_decode_with_good_icrcs() {
         &[],
         &[],
         &[
+            "--json",
             "-s",
             "10000",
             "-n",
@@ -280,7 +283,7 @@ fn stats_shows_running_endpoints() {
         &[],
         &["--data-port", "0"],
         &[],
-        &["-D", "3", "--data-port", "0"],
+        &["--json", "-D", "3", "--data-port", "0"],
         "127.0.0.1",
         &env,
     );
@@ -394,7 +397,7 @@ fn latency_tests_over_processes() {
             &[],
             &["--data-port", "0"],
             &[],
-            &["-n", "500", "-s", "64", "--data-port", "0"],
+            &["--json", "-n", "500", "-s", "64", "--data-port", "0"],
             "127.0.0.1",
             &[],
         );
@@ -418,7 +421,10 @@ fn every_sample_is_reported_when_asked() {
     let lat = |args: &[&str], json: bool| {
         let mut a = args.to_vec();
         a.extend(["--data-port", "0"]);
-        let p = pair_printing(
+        if json {
+            a.push("--json");
+        }
+        let p = pair(
             "write-lat",
             &[],
             &["--data-port", "0"],
@@ -426,7 +432,6 @@ fn every_sample_is_reported_when_asked() {
             &a,
             "127.0.0.1",
             &[],
-            json,
         );
         assert_success(&p);
         p
@@ -499,7 +504,17 @@ fn the_device_flag_names_an_interface() {
         &[],
         &["--data-port", "0"],
         &[],
-        &["-d", "lo", "-n", "100", "-s", "4096", "--data-port", "0"],
+        &[
+            "--json",
+            "-d",
+            "lo",
+            "-n",
+            "100",
+            "-s",
+            "4096",
+            "--data-port",
+            "0",
+        ],
         "127.0.0.1",
         &[],
     );

@@ -123,7 +123,9 @@ impl Hosts {
         let ca = self.exec(&self.a);
         let s: Vec<&str> = sa.iter().map(String::as_str).collect();
         let c: Vec<&str> = ca.iter().map(String::as_str).collect();
-        pair(test, &s, &[], &c, client_args, &self.server, &[])
+        let mut args = vec!["--json"];
+        args.extend_from_slice(client_args);
+        pair(test, &s, &[], &c, &args, &self.server, &[])
     }
 }
 

@@ -243,16 +243,11 @@ pub fn finish_split(p: &SplitPrefix, transport: &[u8], engine: Engine) -> u32 {
 /// The second half of [`compute`]: continues the CRC `prefix` (from [`prefix`]) over the
 /// transport bytes, BTH byte 4 masked, and returns the ICRC.
 pub fn finish(prefix: u32, transport: &[u8]) -> u32 {
-    let mut bth = [0xffu8; 12];
-    let bth_len = transport.len().min(12);
-    bth[..bth_len].copy_from_slice(&transport[..bth_len]);
-    if bth_len > 4 {
-        bth[4] = 0xff;
-    }
-    let mut h = Hasher::resume(prefix);
-    h.update(&bth[..bth_len]);
-    h.update(&transport[bth_len..]);
-    h.finish()
+    let whole = SplitPrefix {
+        crc: prefix,
+        ..SplitPrefix::default()
+    };
+    finish_split(&whole, transport, Engine::BuiltIn)
 }
 
 #[cfg(test)]

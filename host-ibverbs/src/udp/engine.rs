@@ -160,8 +160,8 @@ pub(crate) struct Pending {
 #[derive(Default)]
 pub(crate) struct Requests {
     slots: Vec<(u32, Option<Pending>)>,
+    /// The empty slots.
     free: Vec<u32>,
-    len: usize,
 }
 
 impl Requests {
@@ -179,7 +179,6 @@ impl Requests {
             Some(i) => self.slots[i as usize].1 = Some(p),
             None => self.slots.push((0, Some(p))),
         }
-        self.len += 1;
     }
 
     /// The request of `id`, if it is waiting.
@@ -192,13 +191,12 @@ impl Requests {
         let p = slot.1.take()?;
         slot.0 = slot.0.wrapping_add(1);
         self.free.push(i);
-        self.len -= 1;
         Some(p)
     }
 
     /// Requests waiting.
     pub fn len(&self) -> usize {
-        self.len
+        self.slots.len() - self.free.len()
     }
 
     /// Every waiting request's keepalive (the queue pair is going).
@@ -283,6 +281,11 @@ fn tx_socket<'a>(
         let port = sock.as_ref().unwrap_or(rx).local_addr().port();
         TxSocket { sock, port }
     })
+}
+
+/// Nanoseconds since `epoch` (a `monotonic_ns` reading).
+fn since(epoch: u64) -> u64 {
+    super::socket::monotonic_ns().saturating_sub(epoch)
 }
 
 /// The stage of (path port, destination) `key`, made on first use.
@@ -392,7 +395,7 @@ impl Engine {
 
     /// Nanoseconds since the device opened.
     pub fn now(&self) -> u64 {
-        super::socket::monotonic_ns().saturating_sub(self.epoch)
+        since(self.epoch)
     }
 
     /// The regions of protection domain `pd`, as the core registers them.
@@ -567,7 +570,7 @@ impl Engine {
             return;
         };
         if let Some(p) = self.pcap.as_mut() {
-            let t = super::socket::monotonic_ns().saturating_sub(self.epoch);
+            let t = since(self.epoch);
             write_pcap(
                 p,
                 t,
@@ -746,7 +749,7 @@ impl Engine {
         self.counters.tx_packets += 1;
         self.counters.tx_bytes += d.len() as u64;
         if let Some(p) = self.pcap.as_mut() {
-            let t = super::socket::monotonic_ns().saturating_sub(self.epoch);
+            let t = since(self.epoch);
             write_pcap(
                 p,
                 t,

@@ -93,8 +93,9 @@ pub fn json_lines(out: &Output) -> Vec<Value> {
         .collect()
 }
 
-/// Runs `metaroce <test>` as a server (behind `server_prefix`, e.g. `ip netns exec b`) and as a
-/// client of `server_addr` (behind `client_prefix`), each with its extra arguments.
+/// Runs `metaroce <test>` as a server (behind `server_prefix`, e.g. `ip netns exec b`; it prints
+/// JSON) and as a client of `server_addr` (behind `client_prefix`), each with its extra arguments
+/// (the client's `--json` among them for JSON lines, without it perftest's table).
 pub fn pair(
     test: &str,
     server_prefix: &[&str],
@@ -103,30 +104,6 @@ pub fn pair(
     client_args: &[&str],
     server_addr: &str,
     env: &[(&str, &str)],
-) -> Pair {
-    pair_printing(
-        test,
-        server_prefix,
-        server_args,
-        client_prefix,
-        client_args,
-        server_addr,
-        env,
-        true,
-    )
-}
-
-/// As [`pair`], the client printing JSON lines or, without `client_json`, perftest's table.
-#[allow(clippy::too_many_arguments)]
-pub fn pair_printing(
-    test: &str,
-    server_prefix: &[&str],
-    server_args: &[&str],
-    client_prefix: &[&str],
-    client_args: &[&str],
-    server_addr: &str,
-    env: &[(&str, &str)],
-    client_json: bool,
 ) -> Pair {
     let port = port().to_string();
     let spawn = |prefix: &[&str], args: Vec<&str>| {
@@ -170,9 +147,6 @@ pub fn pair_printing(
         s
     });
     let mut cargs = vec![server_addr, "-p", port.as_str()];
-    if client_json {
-        cargs.push("--json");
-    }
     cargs.extend_from_slice(client_args);
     let client = wait(spawn(client_prefix, cargs), Duration::from_secs(180));
     let mut server = wait(server, Duration::from_secs(30));
