@@ -21,12 +21,16 @@ WORK=("$@")
 cargo build -q --release -p host-ibverbs --bin metaroce --example udp_pingpong
 M=target/release/metaroce
 P=target/release/examples/udp_pingpong
-pick() { python3 -c 'import json,sys; d=json.loads(sys.stdin.readline()); print(d["p50_us"], d["p99_us"])'; }
+# The client's JSON line is kept and read after both ends are gone: a reader started beside the
+# client (a Python interpreter in a pipe) takes a CPU from the spinning ends while it starts.
+pick() { python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print(d["p50_us"], d["p99_us"])' "$1"; }
 plain() { # PORT [--work NS]
   $P server "$1" "${@:2}" &
   sleep 0.2
-  $P client "127.0.0.1:$1" "$SIZE" "$ITERS" "${@:2}" | pick
+  local j
+  j=$($P client "127.0.0.1:$1" "$SIZE" "$ITERS" "${@:2}")
   wait
+  pick "$j"
 }
 OUT=$(mktemp)
 trap 'rm -f "$OUT"' EXIT
@@ -37,8 +41,9 @@ for r in $(seq 1 "$ROUNDS"); do
   done
   $M write-lat -p 18802 >/dev/null 2>&1 &
   sleep 0.3
-  line="$line|write-lat $($M write-lat 127.0.0.1 -p 18802 -s "$SIZE" -n "$ITERS" --json 2>/dev/null | pick)"
+  j=$($M write-lat 127.0.0.1 -p 18802 -s "$SIZE" -n "$ITERS" --json 2>/dev/null)
   wait
+  line="$line|write-lat $(pick "$j")"
   echo "round $r: $line" | tee -a "$OUT"
 done
 python3 - "$OUT" <<'EOF'

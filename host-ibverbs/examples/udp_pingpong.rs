@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! udp_pingpong server PORT [--like-transport] [--work NS]
-//! udp_pingpong client HOST:PORT SIZE ITERATIONS [--like-transport] [--work NS]   # one JSON line
+//! udp_pingpong client HOST:PORT SIZE ITERATIONS [--like-transport] [--work NS] [--samples FILE]   # one JSON line
 //! ```
 //!
 //! `--like-transport` (both ends) gives the ping-pong the socket features the UDP transport uses,
@@ -13,6 +13,10 @@
 //! datagram, 8 MiB socket buffers, UDP GRO on the receiving socket, arrivals read with `recvmsg`
 //! and their ECN bits (`IP_RECVTOS`), answers sent from eight connected sockets in turn (the
 //! paths). It separates what those features cost from what the engine costs.
+//!
+//! `--samples FILE` (client) also writes every half round trip, in microseconds, one per line in
+//! the order measured, for analyses that pool the samples of several runs
+//! (`scripts/bench-lat-pooled.sh`).
 //!
 //! `--work NS` (both ends) spins NS nanoseconds between receiving a datagram and answering it, as
 //! an engine's processing would: it shows what a given cost per hop does to p50 and p99 on the
@@ -185,6 +189,10 @@ fn main() {
             let peer: SocketAddr = args[2].parse().expect("HOST:PORT");
             let size: usize = args[3].parse().expect("size");
             let iters: usize = args[4].parse().expect("iterations");
+            let samples_file = args
+                .iter()
+                .position(|a| a == "--samples")
+                .map(|i| args[i + 1].clone());
             let s = UdpSocket::bind("0.0.0.0:0").expect("bind");
             if like {
                 // Answers come from the server's path sockets: no connect() filter here.
@@ -217,6 +225,10 @@ fn main() {
             } else {
                 s.send(&[0xff])
             };
+            if let Some(path) = samples_file {
+                let text: String = samples.iter().map(|v| format!("{v:.3}\n")).collect();
+                std::fs::write(&path, text).expect("--samples FILE");
+            }
             samples.sort_by(f64::total_cmp);
             let p = |q: f64| {
                 samples[((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1]
@@ -232,7 +244,7 @@ fn main() {
         }
         _ => {
             eprintln!(
-                "usage: udp_pingpong server PORT [--like-transport] [--work NS] | client HOST:PORT SIZE ITERATIONS [--like-transport] [--work NS]"
+                "usage: udp_pingpong server PORT [--like-transport] [--work NS] | client HOST:PORT SIZE ITERATIONS [--like-transport] [--work NS] [--samples FILE]"
             );
             std::process::exit(2);
         }

@@ -376,20 +376,16 @@ impl Endpoint {
 
     /// The snapshot `metaroce stats` shows.
     pub fn stats_json(&self, name: &str) -> serde_json::Value {
+        self.stats_parts().to_json(name)
+    }
+
+    /// What `stats_json` is made of, taken without formatting anything: cheap enough for a
+    /// measuring loop, and `Send`, so the formatting and the file can be left to another thread.
+    pub fn stats_parts(&self) -> StatsParts {
         match &self.be {
-            Be::Udp(u) => udp::stats::to_json(
-                std::process::id(),
-                name,
-                &u.ctx.counters(),
-                &u.ctx.snapshot(),
-            ),
+            Be::Udp(u) => StatsParts::Udp(u.ctx.counters(), u.ctx.snapshot()),
             #[cfg(feature = "verbs")]
-            Be::Verbs(v) => serde_json::json!({
-                "pid": std::process::id(),
-                "name": name,
-                "device": { "verbs_device": v.ctx.name() },
-                "qps": [],
-            }),
+            Be::Verbs(v) => StatsParts::Verbs(v.ctx.name().to_string()),
         }
     }
 
@@ -631,6 +627,33 @@ fn open_verbs(cfg: &PerfConfig) -> Result<Endpoint, PerfError> {
             wcs: std::cell::RefCell::new(Vec::with_capacity(16)),
         }),
     })
+}
+
+/// An endpoint's counters as taken by [`Endpoint::stats_parts`].
+pub enum StatsParts {
+    /// The UDP transport: device counters and each connected queue pair.
+    Udp(udp::stats::EngineCounters, Vec<udp::stats::QpSnapshot>),
+    /// A verbs device, by name (its counters are the kernel's: `rdma statistic`).
+    #[cfg(feature = "verbs")]
+    Verbs(String),
+}
+
+impl StatsParts {
+    /// The snapshot `metaroce stats` reads, for the endpoint called `name`.
+    pub fn to_json(&self, name: &str) -> serde_json::Value {
+        match self {
+            StatsParts::Udp(counters, qps) => {
+                udp::stats::to_json(std::process::id(), name, counters, qps)
+            }
+            #[cfg(feature = "verbs")]
+            StatsParts::Verbs(device) => serde_json::json!({
+                "pid": std::process::id(),
+                "name": name,
+                "device": { "verbs_device": device },
+                "qps": [],
+            }),
+        }
+    }
 }
 
 #[cfg(test)]

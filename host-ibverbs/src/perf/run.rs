@@ -1,11 +1,14 @@
 //! The phases: what the client and the server do for one message size.
 
+use super::backend::StatsParts;
 use super::{
     decode_bufs, encode_bufs, pattern, slots_for, Endpoint, Mr, PerfConfig, PerfError, RemoteBuf,
     Report, Test,
 };
 use crate::oob::{Channel, Message};
 use crate::udp::{stats, CompletionKind, RemoteAddr, Status, WorkCompletion, WrOp, STREAMS};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Results of a bandwidth phase.
@@ -173,12 +176,16 @@ fn wr_id(qp: usize, n: u64) -> u64 {
     ((qp as u64) << 48) | (n & 0xffff_ffff_ffff)
 }
 
+/// Publishes the endpoint's counters for `metaroce stats` every half second while a phase runs.
+/// The measuring loop only takes the counters (tens of microseconds); a writer thread formats
+/// them and writes the file (hundreds of microseconds, which would otherwise stall a ping).
 struct Publisher {
     last: Instant,
     /// Calls since the clock was last read (read every 256th: a spinning loop calls it).
     calls: u32,
     name: String,
     on: bool,
+    writer: Option<(SyncSender<StatsParts>, JoinHandle<()>)>,
 }
 
 impl Publisher {
@@ -188,6 +195,7 @@ impl Publisher {
             calls: 0,
             name,
             on,
+            writer: None,
         }
     }
 
@@ -195,7 +203,29 @@ impl Publisher {
         self.calls = self.calls.wrapping_add(1);
         if self.on && self.calls % 256 == 1 && self.last.elapsed() >= Duration::from_millis(500) {
             self.last = Instant::now();
-            let _ = stats::publish(&ep.stats_json(&self.name));
+            let parts = ep.stats_parts();
+            let writer = self.writer.get_or_insert_with(|| {
+                let (tx, rx) = sync_channel::<StatsParts>(1);
+                let name = self.name.clone();
+                let handle = std::thread::spawn(move || {
+                    for parts in rx {
+                        let _ = stats::publish(&parts.to_json(&name));
+                    }
+                });
+                (tx, handle)
+            });
+            // A writer still busy with the last snapshot skips this one.
+            let _ = writer.0.try_send(parts);
+        }
+    }
+}
+
+impl Drop for Publisher {
+    /// The last snapshot is on disk before the phase ends (and before the tool removes it).
+    fn drop(&mut self) {
+        if let Some((tx, handle)) = self.writer.take() {
+            drop(tx);
+            let _ = handle.join();
         }
     }
 }
