@@ -25,12 +25,15 @@ bw_tcp=(); bw_mr=(); lat_udp50=(); lat_udp99=(); lat_mr50=(); lat_mr99=(); lat_l
 for r in $(seq 1 "$ROUNDS"); do
   iperf3 -s -1 -p 5299 >/dev/null 2>&1 &
   sleep 0.3
-  t=$(iperf3 -c 127.0.0.1 -p 5299 -t "$SECS" -J | py 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9)')
+  # Every result is read after its run: nothing else takes a CPU from the two ends meanwhile.
+  j=$(iperf3 -c 127.0.0.1 -p 5299 -t "$SECS" -J)
   wait
+  t=$(echo "$j" | py 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9)')
   $M write-bw -p 18800 >/dev/null 2>&1 &
   sleep 0.3
-  m=$($M write-bw 127.0.0.1 -p 18800 -D "$SECS" --json 2>/dev/null | py 'import json,sys; print(json.loads(sys.stdin.readline())["bw_avg_gbps"])')
+  j=$($M write-bw 127.0.0.1 -p 18800 -D "$SECS" --json 2>/dev/null)
   wait
+  m=$(echo "$j" | py 'import json,sys; print(json.loads(sys.stdin.readline())["bw_avg_gbps"])')
   $P server 18801 &
   sleep 0.2
   u=$($P client 127.0.0.1:18801 "$SIZE" "$ITERS")
