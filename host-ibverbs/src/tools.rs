@@ -86,8 +86,9 @@ pub struct PerfArgs {
     /// way, as perftest does.
     #[arg(long)]
     pub busy_poll: bool,
-    /// UDP transport: sleep while waiting for completions instead of polling (with --busy-poll
-    /// the engine spins inside the wait instead).
+    /// Sleep while waiting for completions instead of polling: the UDP transport's engine
+    /// sleeps until a datagram or a timer (with --busy-poll it spins inside the wait instead);
+    /// verbs sleeps on the completion queue's channel (ibv_req_notify_cq, ibv_get_cq_event).
     #[arg(short = 'e', long = "use_event")]
     pub use_event: bool,
     /// UDP transport: no UDP GSO (one datagram per message of a send call).

@@ -257,16 +257,56 @@ impl Context {
         })
     }
 
-    /// Creates a completion queue of `depth` entries.
+    /// Creates a completion queue of `depth` entries, polled only.
     pub fn create_cq(&self, depth: i32) -> Result<CompletionQueue, VerbsError> {
-        // SAFETY: the context is open; no channel, no context pointer.
-        let cq = unsafe {
-            sys::ibv_create_cq(self.inner.ctx.as_ptr(), depth, null_mut(), null_mut(), 0)
+        self.create_cq_inner(depth, false)
+    }
+
+    /// Creates a completion queue of `depth` entries with a completion channel, so a caller
+    /// can sleep until a completion comes ([`CompletionQueue::wait`], perftest's `-e`).
+    pub fn create_cq_with_events(&self, depth: i32) -> Result<CompletionQueue, VerbsError> {
+        self.create_cq_inner(depth, true)
+    }
+
+    fn create_cq_inner(&self, depth: i32, events: bool) -> Result<CompletionQueue, VerbsError> {
+        let channel = if events {
+            // SAFETY: the context is open.
+            let ch = unsafe { sys::ibv_create_comp_channel(self.inner.ctx.as_ptr()) };
+            let ch = NonNull::new(ch).ok_or_else(|| verb_err("ibv_create_comp_channel"))?;
+            // The channel's descriptor is only read after poll(2) says it is readable; make
+            // it non-blocking so a spurious wake-up cannot hang `ibv_get_cq_event`.
+            // SAFETY: the channel is live; fcntl on its descriptor has no memory effects.
+            let ok = unsafe {
+                let fd = ch.as_ref().fd;
+                let flags = libc::fcntl(fd, libc::F_GETFL);
+                flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) == 0
+            };
+            if !ok {
+                let e = verb_err("fcntl(completion channel, O_NONBLOCK)");
+                // SAFETY: created just above and used by nothing else.
+                unsafe { sys::ibv_destroy_comp_channel(ch.as_ptr()) };
+                return Err(e);
+            }
+            Some(ch)
+        } else {
+            None
         };
-        let cq = NonNull::new(cq).ok_or_else(|| verb_err("ibv_create_cq"))?;
+        let ch_ptr = channel.map_or(null_mut(), NonNull::as_ptr);
+        // SAFETY: the context is open; the channel (if any) is live; no context pointer.
+        let cq =
+            unsafe { sys::ibv_create_cq(self.inner.ctx.as_ptr(), depth, null_mut(), ch_ptr, 0) };
+        let Some(cq) = NonNull::new(cq) else {
+            let e = verb_err("ibv_create_cq");
+            if let Some(ch) = channel {
+                // SAFETY: created above; no CQ uses it.
+                unsafe { sys::ibv_destroy_comp_channel(ch.as_ptr()) };
+            }
+            return Err(e);
+        };
         Ok(CompletionQueue {
             inner: Rc::new(CqInner {
                 cq,
+                channel,
                 _ctx: self.inner.clone(),
             }),
         })
@@ -482,13 +522,20 @@ pub fn wc_status_name(status: u32) -> String {
 
 struct CqInner {
     cq: NonNull<sys::ibv_cq>,
+    /// The completion channel of a CQ made with events; destroyed after the CQ.
+    channel: Option<NonNull<sys::ibv_comp_channel>>,
     _ctx: Rc<CtxInner>,
 }
 
 impl Drop for CqInner {
     fn drop(&mut self) {
-        // SAFETY: created by ibv_create_cq; its queue pairs hold this Rc.
+        // SAFETY: created by ibv_create_cq; its queue pairs hold this Rc. Every event taken
+        // from the channel was acknowledged when taken, as ibv_destroy_cq requires.
         unsafe { sys::ibv_destroy_cq(self.cq.as_ptr()) };
+        if let Some(ch) = self.channel {
+            // SAFETY: created by ibv_create_comp_channel; its only CQ is gone.
+            unsafe { sys::ibv_destroy_comp_channel(ch.as_ptr()) };
+        }
     }
 }
 
@@ -558,6 +605,78 @@ impl CompletionQueue {
             });
         }
         Ok(got as usize)
+    }
+
+    /// Whether the queue was made with a completion channel.
+    pub fn has_events(&self) -> bool {
+        self.inner.channel.is_some()
+    }
+
+    /// Asks for an event on the next completion (`ibv_req_notify_cq`). Poll once more after
+    /// arming: a completion that came before it raises no event.
+    pub fn arm(&self) -> Result<(), VerbsError> {
+        if self.inner.channel.is_none() {
+            return Err(VerbsError::Invalid(
+                "completion event on a CQ made without a channel",
+            ));
+        }
+        // SAFETY: the CQ is live.
+        let rc = unsafe { sys::ibv_req_notify_cq(self.inner.cq.as_ptr(), 0) };
+        if rc != 0 {
+            return Err(rc_err("ibv_req_notify_cq", rc));
+        }
+        Ok(())
+    }
+
+    /// Sleeps until the armed queue raises its event or `timeout` passes; whether an event
+    /// came. The event is acknowledged at once; the queue must be armed again for the next.
+    pub fn wait(&self, timeout: std::time::Duration) -> Result<bool, VerbsError> {
+        let Some(ch) = self.inner.channel else {
+            return Err(VerbsError::Invalid(
+                "completion event on a CQ made without a channel",
+            ));
+        };
+        // SAFETY: the channel is live for as long as this queue.
+        let fd = unsafe { ch.as_ref().fd };
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().clamp(0, i32::MAX as u128) as i32;
+        // SAFETY: one live pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                return Ok(false);
+            }
+            return Err(VerbsError::Verb {
+                verb: "poll(completion channel)",
+                source: e,
+            });
+        }
+        if r == 0 {
+            return Ok(false);
+        }
+        let mut cq: *mut sys::ibv_cq = null_mut();
+        let mut ctx: *mut std::ffi::c_void = null_mut();
+        // SAFETY: the channel is live and non-blocking; the out pointers are valid.
+        let rc = unsafe { sys::ibv_get_cq_event(ch.as_ptr(), &mut cq, &mut ctx) };
+        if rc != 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::WouldBlock {
+                return Ok(false);
+            }
+            return Err(VerbsError::Verb {
+                verb: "ibv_get_cq_event",
+                source: e,
+            });
+        }
+        // SAFETY: `cq` is the queue the event was for (this channel has one queue); one event
+        // taken, one acknowledged.
+        unsafe { sys::ibv_ack_cq_events(cq, 1) };
+        Ok(true)
     }
 }
 
@@ -948,5 +1067,71 @@ mod tests {
             cq.poll(&mut out, 1).unwrap();
         }
         assert_eq!(out[0].status, 0);
+    }
+
+    /// A queue made with a channel raises its event for a completion after it was armed, and
+    /// none while nothing completes; one made without refuses to arm.
+    #[cfg(metaroce_verbs_device)]
+    #[test]
+    fn real_device_completion_event() {
+        use std::time::Duration;
+        let name = std::env::var("METAROCE_VERBS_DEVICE").expect("METAROCE_VERBS_DEVICE");
+        let ctx = Context::open(Some(&name)).unwrap();
+        assert!(ctx.create_cq(8).unwrap().arm().is_err());
+        let gid_index: i32 = std::env::var("METAROCE_VERBS_GID")
+            .ok()
+            .and_then(|g| g.parse().ok())
+            .unwrap_or(1);
+        let gid = ctx.query_gid(1, gid_index).unwrap();
+        let port = ctx.query_port(1).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq_with_events(64).unwrap();
+        assert!(cq.has_events());
+        let rw = Access::LOCAL_WRITE
+            .union(Access::REMOTE_WRITE)
+            .union(Access::REMOTE_READ);
+        let a = pd.reg_mr(4096, rw).unwrap();
+        let q = pd.create_qp(&cq, 8).unwrap();
+        q.to_init(1, rw).unwrap();
+        q.to_rtr(&RtrAttr {
+            dest_qpn: q.qpn(),
+            rq_psn: 7,
+            dgid: gid,
+            sgid_index: gid_index as u8,
+            mtu: port.active_mtu,
+            port: 1,
+        })
+        .unwrap();
+        q.to_rts(&RtsAttr {
+            sq_psn: 7,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+        })
+        .unwrap();
+        cq.arm().unwrap();
+        assert!(
+            !cq.wait(Duration::from_millis(50)).unwrap(),
+            "an event with nothing done"
+        );
+        q.post_send(&SendWr {
+            wr_id: 9,
+            op: crate::udp::WrOp::Write,
+            mr: &a,
+            offset: 0,
+            len: 64,
+            remote: crate::udp::RemoteAddr {
+                va: a.addr() + 1024,
+                rkey: a.rkey(),
+            },
+        })
+        .unwrap();
+        assert!(
+            cq.wait(Duration::from_secs(5)).unwrap(),
+            "no event for the completion"
+        );
+        let mut out = Vec::new();
+        cq.poll(&mut out, 4).unwrap();
+        assert_eq!((out.len(), out[0].wr_id, out[0].status), (1, 9, 0));
     }
 }

@@ -122,6 +122,8 @@ struct VerbsEp {
     psns: Vec<u32>,
     /// Scratch for polling.
     wcs: std::cell::RefCell<Vec<crate::verbs::Wc>>,
+    /// An empty poll sleeps on the completion channel (perftest's `-e`).
+    use_event: bool,
 }
 
 enum Be {
@@ -287,7 +289,16 @@ impl Endpoint {
             Be::Verbs(v) => {
                 let mut wcs = v.wcs.borrow_mut();
                 wcs.clear();
-                let n = v.cq.poll(&mut wcs, max)?;
+                let mut n = v.cq.poll(&mut wcs, max)?;
+                if n == 0 && v.use_event && max > 0 {
+                    // Arm, look once more (what completed before the arming raises no event),
+                    // then sleep on the channel until the event or a short while passes.
+                    v.cq.arm()?;
+                    n = v.cq.poll(&mut wcs, max)?;
+                    if n == 0 && v.cq.wait(EVENT_WAIT)? {
+                        n = v.cq.poll(&mut wcs, max)?;
+                    }
+                }
                 for wc in wcs.iter() {
                     if !wc.is_success() {
                         return Err(PerfError::Completion(format!(
@@ -603,7 +614,12 @@ fn open_verbs(cfg: &PerfConfig) -> Result<Endpoint, PerfError> {
     };
     let depth = cfg.tx_depth.max(512);
     let pd = ctx.alloc_pd()?;
-    let cq = ctx.create_cq((depth * 2 * cfg.qps).min(1 << 20) as i32)?;
+    let cq_depth = (depth * 2 * cfg.qps).min(1 << 20) as i32;
+    let cq = if cfg.use_event {
+        ctx.create_cq_with_events(cq_depth)?
+    } else {
+        ctx.create_cq(cq_depth)?
+    };
     let qps = (0..cfg.qps)
         .map(|_| pd.create_qp(&cq, depth))
         .collect::<Result<Vec<_>, _>>()?;
@@ -625,6 +641,7 @@ fn open_verbs(cfg: &PerfConfig) -> Result<Endpoint, PerfError> {
             mtu,
             psns,
             wcs: std::cell::RefCell::new(Vec::with_capacity(16)),
+            use_event: cfg.use_event,
         }),
     })
 }

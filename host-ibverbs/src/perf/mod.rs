@@ -480,11 +480,6 @@ fn validate(cfg: &PerfConfig) -> Result<(), PerfError> {
     if cfg.tx_depth == 0 {
         return Err(PerfError::Invalid("-t must be at least 1".into()));
     }
-    if cfg.transport == Transport::Verbs && cfg.use_event {
-        return Err(PerfError::Invalid(
-            "-e (--use_event) sleeps in the UDP transport's engine; the verbs backend polls".into(),
-        ));
-    }
     if cfg.transport == Transport::Verbs && cfg.pcap.is_some() {
         return Err(PerfError::Invalid(
             "--pcap captures the UDP transport; over verbs use the NIC's own capture (ibdump, \

@@ -209,19 +209,25 @@ fn a_capture_over_verbs_is_refused_up_front() {
 
 /// Without an RDMA device the verbs backend says so when the test opens it (this kernel has no
 /// RDMA support), and without the `verbs` feature it says how to get one.
+/// The same with `-e` (completion events), which verbs serves from a completion channel: the
+/// option is accepted and the backend gets as far as the device.
 #[test]
 fn the_verbs_backend_names_what_is_missing() {
-    let mut cfg = PerfConfig::new(Test::WriteBw);
-    cfg.transport = Transport::Verbs;
-    let err = match Endpoint::open(&cfg, "127.0.0.1".parse().unwrap(), false) {
-        Err(e) => e.to_string(),
-        // A machine with an RDMA NIC opened it: nothing missing to name.
-        Ok(_) => return,
-    };
-    if cfg!(feature = "verbs") {
-        assert!(err.starts_with("no RDMA device"), "{err}");
-    } else {
-        assert!(err.contains("--features verbs"), "{err}");
+    for use_event in [false, true] {
+        let mut cfg = PerfConfig::new(Test::WriteLat);
+        cfg.transport = Transport::Verbs;
+        cfg.use_event = use_event;
+        super::validate(&cfg).unwrap();
+        let err = match Endpoint::open(&cfg, "127.0.0.1".parse().unwrap(), false) {
+            Err(e) => e.to_string(),
+            // A machine with an RDMA NIC opened it: nothing missing to name.
+            Ok(_) => return,
+        };
+        if cfg!(feature = "verbs") {
+            assert!(err.starts_with("no RDMA device"), "{err}");
+        } else {
+            assert!(err.contains("--features verbs"), "{err}");
+        }
     }
 }
 
@@ -261,8 +267,12 @@ fn every_test_over_a_real_rdma_device() {
         cfg.size = 4096;
         cfg.iters = 500;
         cfg.qps = if test.is_latency() { 1 } else { 2 };
-        let (reports, served) = run_pair(cfg);
+        let (reports, served) = run_pair(cfg.clone());
         assert!(reports[0].verified() && served.verified, "{test:?}");
+        // Again asleep on the completion channel (-e), both ends.
+        cfg.use_event = true;
+        let (reports, served) = run_pair(cfg);
+        assert!(reports[0].verified() && served.verified, "{test:?} -e");
     }
 }
 
