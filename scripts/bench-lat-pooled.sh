@@ -3,7 +3,7 @@
 #
 # One long run's p99 depends on what else the machine did during it (on a shared 2-vCPU machine the
 # same program against itself lands anywhere from 0.2x to 2.1x in one run: scripts/bench-lat-budget.sh).
-# Here each round runs, in an order that rotates from round to round, on loopback:
+# Here each round runs, in an order that changes from round to round (see ORDERS), on loopback:
 #   - the plain UDP ping-pong (host-ibverbs/examples/udp_pingpong.rs), the baseline;
 #   - the same plain ping-pong again (what the estimator gives a program against itself);
 #   - the plain ping-pong with the transport's socket features (--like-transport: its datagram
@@ -47,10 +47,13 @@ writelat() { # OUTFILE
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["verified"]; print("\n".join("%.3f" % v for v in d["samples_us"]))' "$1.json" >"$1"
   rm "$1.json"
 }
-VARIANTS=(plain again like write-lat)
+# The orders of a balanced Latin square: over four rounds every program runs in every position
+# once and right after every other program once (a run can leave work behind for the next one:
+# sockets closing, memory freed).
+ORDERS=("plain again write-lat like" "again like plain write-lat" "like write-lat again plain"
+  "write-lat plain like again")
 for r in $(seq 1 "$ROUNDS"); do
-  for k in 0 1 2 3; do
-    v=${VARIANTS[$(((r + k) % 4))]}
+  for v in ${ORDERS[$((r % 4))]}; do
     case $v in
       write-lat) writelat "$DIR/$v.$r" ;;
       like) plain "$DIR/$v.$r" --like-transport ;;
