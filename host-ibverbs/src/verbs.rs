@@ -612,14 +612,16 @@ impl CompletionQueue {
         self.inner.channel.is_some()
     }
 
+    fn channel(&self) -> Result<NonNull<sys::ibv_comp_channel>, VerbsError> {
+        self.inner.channel.ok_or(VerbsError::Invalid(
+            "completion event on a CQ made without a channel",
+        ))
+    }
+
     /// Asks for an event on the next completion (`ibv_req_notify_cq`). Poll once more after
     /// arming: a completion that came before it raises no event.
     pub fn arm(&self) -> Result<(), VerbsError> {
-        if self.inner.channel.is_none() {
-            return Err(VerbsError::Invalid(
-                "completion event on a CQ made without a channel",
-            ));
-        }
+        self.channel()?;
         // SAFETY: the CQ is live.
         let rc = unsafe { sys::ibv_req_notify_cq(self.inner.cq.as_ptr(), 0) };
         if rc != 0 {
@@ -631,11 +633,7 @@ impl CompletionQueue {
     /// Sleeps until the armed queue raises its event or `timeout` passes; whether an event
     /// came. The event is acknowledged at once; the queue must be armed again for the next.
     pub fn wait(&self, timeout: std::time::Duration) -> Result<bool, VerbsError> {
-        let Some(ch) = self.inner.channel else {
-            return Err(VerbsError::Invalid(
-                "completion event on a CQ made without a channel",
-            ));
-        };
+        let ch = self.channel()?;
         // SAFETY: the channel is live for as long as this queue.
         let fd = unsafe { ch.as_ref().fd };
         let mut pfd = libc::pollfd {
@@ -647,14 +645,7 @@ impl CompletionQueue {
         // SAFETY: one live pollfd.
         let r = unsafe { libc::poll(&mut pfd, 1, ms) };
         if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                return Ok(false);
-            }
-            return Err(VerbsError::Verb {
-                verb: "poll(completion channel)",
-                source: e,
-            });
+            return no_event_unless("poll(completion channel)", io::ErrorKind::Interrupted);
         }
         if r == 0 {
             return Ok(false);
@@ -664,19 +655,22 @@ impl CompletionQueue {
         // SAFETY: the channel is live and non-blocking; the out pointers are valid.
         let rc = unsafe { sys::ibv_get_cq_event(ch.as_ptr(), &mut cq, &mut ctx) };
         if rc != 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::WouldBlock {
-                return Ok(false);
-            }
-            return Err(VerbsError::Verb {
-                verb: "ibv_get_cq_event",
-                source: e,
-            });
+            return no_event_unless("ibv_get_cq_event", io::ErrorKind::WouldBlock);
         }
         // SAFETY: `cq` is the queue the event was for (this channel has one queue); one event
         // taken, one acknowledged.
         unsafe { sys::ibv_ack_cq_events(cq, 1) };
         Ok(true)
+    }
+}
+
+/// No event (`Ok(false)`) if the call that just failed failed with `benign`, else its error.
+fn no_event_unless(verb: &'static str, benign: io::ErrorKind) -> Result<bool, VerbsError> {
+    let source = io::Error::last_os_error();
+    if source.kind() == benign {
+        Ok(false)
+    } else {
+        Err(VerbsError::Verb { verb, source })
     }
 }
 
@@ -1006,50 +1000,78 @@ mod tests {
         assert!(!wc(op::IBV_WC_SEND, sys::ibv_wc_status::IBV_WC_REM_ACCESS_ERR).is_success());
     }
 
+    /// The device the build names, with port 1's GID at `METAROCE_VERBS_GID` (default 1).
+    #[cfg(metaroce_verbs_device)]
+    struct TestDevice {
+        ctx: Context,
+        gid_index: u8,
+        gid: [u8; 16],
+        mtu: u32,
+    }
+
+    #[cfg(metaroce_verbs_device)]
+    const RW: Access = Access::LOCAL_WRITE
+        .union(Access::REMOTE_WRITE)
+        .union(Access::REMOTE_READ);
+
+    #[cfg(metaroce_verbs_device)]
+    impl TestDevice {
+        fn open() -> TestDevice {
+            let name = std::env::var("METAROCE_VERBS_DEVICE").expect("METAROCE_VERBS_DEVICE");
+            let ctx = Context::open(Some(&name)).unwrap();
+            assert!(ctx.query().unwrap().phys_port_cnt >= 1);
+            let mtu = ctx.query_port(1).unwrap().active_mtu;
+            let gid_index: u8 = std::env::var("METAROCE_VERBS_GID")
+                .ok()
+                .and_then(|g| g.parse().ok())
+                .unwrap_or(1);
+            let gid = ctx.query_gid(1, i32::from(gid_index)).unwrap();
+            TestDevice {
+                ctx,
+                gid_index,
+                gid,
+                mtu,
+            }
+        }
+
+        /// Takes `q` to RTS towards queue pair `peer` on the same port.
+        fn connect(&self, q: &QueuePair, peer: u32, sq_psn: u32, rq_psn: u32) {
+            q.connect(
+                RW,
+                &RtrAttr {
+                    dest_qpn: peer,
+                    rq_psn,
+                    dgid: self.gid,
+                    sgid_index: self.gid_index,
+                    mtu: self.mtu,
+                    port: 1,
+                },
+                &RtsAttr {
+                    sq_psn,
+                    timeout: 14,
+                    retry_cnt: 7,
+                    rnr_retry: 7,
+                },
+            )
+            .unwrap();
+        }
+    }
+
     /// Exists only when the build names a device:
     /// `METAROCE_VERBS_DEVICE=mlx5_0 cargo test -p host-ibverbs --features verbs` (and
     /// `METAROCE_VERBS_GID`, default 1).
     #[cfg(metaroce_verbs_device)]
     #[test]
     fn real_device_round_trip() {
-        let name = std::env::var("METAROCE_VERBS_DEVICE").expect("METAROCE_VERBS_DEVICE");
-        let ctx = Context::open(Some(&name)).unwrap();
-        let attr = ctx.query().unwrap();
-        assert!(attr.phys_port_cnt >= 1);
-        let port = ctx.query_port(1).unwrap();
-        let gid_index: i32 = std::env::var("METAROCE_VERBS_GID")
-            .ok()
-            .and_then(|g| g.parse().ok())
-            .unwrap_or(1);
-        let gid = ctx.query_gid(1, gid_index).unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(64).unwrap();
-        let rw = Access::LOCAL_WRITE
-            .union(Access::REMOTE_WRITE)
-            .union(Access::REMOTE_READ);
-        let a = pd.reg_mr(1 << 20, rw).unwrap();
-        let b = pd.reg_mr(1 << 20, rw).unwrap();
+        let dev = TestDevice::open();
+        let pd = dev.ctx.alloc_pd().unwrap();
+        let cq = dev.ctx.create_cq(64).unwrap();
+        let a = pd.reg_mr(1 << 20, RW).unwrap();
+        let b = pd.reg_mr(1 << 20, RW).unwrap();
         let qa = pd.create_qp(&cq, 64).unwrap();
         let qb = pd.create_qp(&cq, 64).unwrap();
-        for (q, peer, psn) in [(&qa, qb.qpn(), 100), (&qb, qa.qpn(), 200)] {
-            q.to_init(1, rw).unwrap();
-            q.to_rtr(&RtrAttr {
-                dest_qpn: peer,
-                rq_psn: 300 - psn,
-                dgid: gid,
-                sgid_index: gid_index as u8,
-                mtu: port.active_mtu,
-                port: 1,
-            })
-            .unwrap();
-            q.to_rts(&RtsAttr {
-                sq_psn: psn,
-                timeout: 14,
-                retry_cnt: 7,
-                rnr_retry: 7,
-            })
-            .unwrap();
-        }
+        dev.connect(&qa, qb.qpn(), 100, 200);
+        dev.connect(&qb, qa.qpn(), 200, 100);
         qa.post_send(&SendWr {
             wr_id: 1,
             op: crate::udp::WrOp::Write,
@@ -1075,40 +1097,14 @@ mod tests {
     #[test]
     fn real_device_completion_event() {
         use std::time::Duration;
-        let name = std::env::var("METAROCE_VERBS_DEVICE").expect("METAROCE_VERBS_DEVICE");
-        let ctx = Context::open(Some(&name)).unwrap();
-        assert!(ctx.create_cq(8).unwrap().arm().is_err());
-        let gid_index: i32 = std::env::var("METAROCE_VERBS_GID")
-            .ok()
-            .and_then(|g| g.parse().ok())
-            .unwrap_or(1);
-        let gid = ctx.query_gid(1, gid_index).unwrap();
-        let port = ctx.query_port(1).unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq_with_events(64).unwrap();
+        let dev = TestDevice::open();
+        assert!(dev.ctx.create_cq(8).unwrap().arm().is_err());
+        let pd = dev.ctx.alloc_pd().unwrap();
+        let cq = dev.ctx.create_cq_with_events(64).unwrap();
         assert!(cq.has_events());
-        let rw = Access::LOCAL_WRITE
-            .union(Access::REMOTE_WRITE)
-            .union(Access::REMOTE_READ);
-        let a = pd.reg_mr(4096, rw).unwrap();
+        let a = pd.reg_mr(4096, RW).unwrap();
         let q = pd.create_qp(&cq, 8).unwrap();
-        q.to_init(1, rw).unwrap();
-        q.to_rtr(&RtrAttr {
-            dest_qpn: q.qpn(),
-            rq_psn: 7,
-            dgid: gid,
-            sgid_index: gid_index as u8,
-            mtu: port.active_mtu,
-            port: 1,
-        })
-        .unwrap();
-        q.to_rts(&RtsAttr {
-            sq_psn: 7,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-        })
-        .unwrap();
+        dev.connect(&q, q.qpn(), 7, 7);
         cq.arm().unwrap();
         assert!(
             !cq.wait(Duration::from_millis(50)).unwrap(),
