@@ -148,10 +148,17 @@ fn busy(work: Option<Duration>) {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let like = args.iter().any(|a| a == "--like-transport");
-    let work = args
-        .iter()
-        .position(|a| a == "--work")
-        .map(|i| Duration::from_nanos(args[i + 1].parse().expect("--work NANOSECONDS")));
+    // The value after option `name`, if given.
+    let value = |name: &str| {
+        let i = args.iter().position(|a| a == name)?;
+        Some(
+            args.get(i + 1)
+                .unwrap_or_else(|| panic!("{name} needs a value"))
+                .clone(),
+        )
+    };
+    let work =
+        value("--work").map(|v| Duration::from_nanos(v.parse().expect("--work NANOSECONDS")));
     match args.get(1).map(String::as_str) {
         Some("server") => {
             let port = args.get(2).map_or("18700", String::as_str);
@@ -189,10 +196,7 @@ fn main() {
             let peer: SocketAddr = args[2].parse().expect("HOST:PORT");
             let size: usize = args[3].parse().expect("size");
             let iters: usize = args[4].parse().expect("iterations");
-            let samples_file = args
-                .iter()
-                .position(|a| a == "--samples")
-                .map(|i| args[i + 1].clone());
+            let samples_file = value("--samples");
             let s = UdpSocket::bind("0.0.0.0:0").expect("bind");
             if like {
                 // Answers come from the server's path sockets: no connect() filter here.

@@ -196,13 +196,10 @@ pub fn run_perf(test: Test, a: &PerfArgs) -> ExitCode {
     code
 }
 
-fn print_report(test: Test, json: bool, gbits: bool, r: &Report, header: &mut bool) {
-    print_report_samples(test, json, gbits, false, r, header)
-}
-
-/// As `print_report`, with a latency result's samples (if it has them) before its line, in the
-/// order measured first with `unsorted`, as perftest's -U and -H print them.
-fn print_report_samples(
+/// One result line (JSON, or perftest's table with its header before the first line). A latency
+/// result's samples, if it has them, come before its line: sorted, and with `unsorted` first in
+/// the order measured, as perftest's -H and -U print them.
+fn print_report(
     test: Test,
     json: bool,
     gbits: bool,
@@ -243,7 +240,7 @@ fn print_report_samples(
 fn client(cfg: &PerfConfig, a: &PerfArgs) -> ExitCode {
     let mut header = false;
     let result = perf::run_client(cfg, |r| {
-        print_report_samples(
+        print_report(
             cfg.test,
             a.json,
             a.report_gbits,
@@ -365,8 +362,9 @@ pub fn run_loopback(json: bool, seconds: f64) -> ExitCode {
         if !json {
             println!("metaroce {} over UDP on 127.0.0.1, 8 paths", test.name());
         }
-        let r: Result<_, PerfError> =
-            perf::run_client(&cfg, |r| print_report(test, json, true, r, &mut header));
+        let r: Result<_, PerfError> = perf::run_client(&cfg, |r| {
+            print_report(test, json, true, false, r, &mut header)
+        });
         let served = server.join();
         match (r, served) {
             (Ok(reports), Ok(Ok(s))) => {
