@@ -17,16 +17,25 @@ SUDO=""
 if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO=sudo; fi
 
 step "Debian packages: tshark, qemu-user, the aarch64 cross toolchain, libibverbs, ip/tc/nft"
+# Each package is decided by the exact file the build or the tests use, never by a glob or a command
+# that another package also provides (libclang-cpp14, on a fresh Debian 12, matches libclang*.so*).
+multiarch=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+have() { compgen -G "$1" >/dev/null; }
 need=()
-command -v ip >/dev/null || need+=(iproute2)
-command -v nft >/dev/null || need+=(nftables)
-[ -e /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
-[ -e /usr/include/rdma/rdma_cma.h ] || need+=(librdmacm-dev)
-command -v pkg-config >/dev/null || need+=(pkg-config)
-ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
-command -v tshark >/dev/null || need+=(tshark)
-command -v qemu-aarch64 >/dev/null || need+=(qemu-user)
-command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+{ have /usr/bin/ip || have /bin/ip; } && { have /usr/sbin/tc || have /sbin/tc; } || need+=(iproute2)
+have /usr/sbin/nft || need+=(nftables)
+# rdma-sys: pkg-config probes libibverbs.pc and librdmacm.pc, bindgen reads their headers through
+# libclang (clang-sys looks for libclang.so; libclang-dev brings it with clang's own headers).
+have "/usr/lib/$multiarch/pkgconfig/libibverbs.pc" && have /usr/include/infiniband/verbs.h || need+=(libibverbs-dev)
+have "/usr/lib/$multiarch/pkgconfig/librdmacm.pc" && have /usr/include/rdma/rdma_cma.h || need+=(librdmacm-dev)
+command -v pkg-config >/dev/null || need+=(pkgconf)
+have '/usr/lib/llvm-*/lib/libclang.so' || need+=(libclang-dev)
+have /usr/bin/tshark || need+=(tshark)
+have /usr/bin/qemu-aarch64 || need+=(qemu-user)
+# The cross linker, and the arm64 C library it links against and qemu-aarch64 -L loads.
+have /usr/bin/aarch64-linux-gnu-gcc || need+=(gcc-aarch64-linux-gnu)
+have /usr/aarch64-linux-gnu/lib/libc.so && have /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1 \
+  || need+=(libc6-dev-arm64-cross)
 python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   echo "installing: ${need[*]}"
