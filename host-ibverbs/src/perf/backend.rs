@@ -410,7 +410,7 @@ impl Endpoint {
                     .iter()
                     .map(|q| {
                         let i = q.info();
-                        format!("{}:{}", i.qpn, i.psn)
+                        format!("{}:{}:{}", i.qpn, i.psn, i.path_seq)
                     })
                     .collect::<Vec<_>>()
                     .join(","),
@@ -443,20 +443,28 @@ impl Endpoint {
                 let addr: SocketAddr = data
                     .parse()
                     .map_err(|_| OobError::Field(format!("data address {data:?}")))?;
-                for (q, (qpn, psn)) in u.qps.iter().zip(peers) {
-                    q.connect(&udp::QpInfo { qpn, psn, addr })?;
+                for (q, peer) in u.qps.iter().zip(peers) {
+                    let path_seq = peer.path_seq.ok_or_else(|| {
+                        OobError::Field("a queue pair without its path sequence".into())
+                    })?;
+                    q.connect(&udp::QpInfo {
+                        qpn: peer.qpn,
+                        psn: peer.psn,
+                        path_seq,
+                        addr,
+                    })?;
                 }
                 Ok(())
             }
             #[cfg(feature = "verbs")]
             Be::Verbs(v) => {
                 let gid = decode_gid(data)?;
-                for ((q, (qpn, psn)), my_psn) in v.qps.iter().zip(peers).zip(&v.psns) {
+                for ((q, peer), my_psn) in v.qps.iter().zip(peers).zip(&v.psns) {
                     q.connect(
                         ALL_ACCESS,
                         &crate::verbs::RtrAttr {
-                            dest_qpn: qpn,
-                            rq_psn: psn,
+                            dest_qpn: peer.qpn,
+                            rq_psn: peer.psn,
                             dgid: gid,
                             sgid_index: v.gid_index,
                             mtu: v.mtu,
@@ -488,18 +496,35 @@ impl Endpoint {
     }
 }
 
-fn decode_qps(s: &str) -> Result<Vec<(u32, u32)>, OobError> {
+/// A peer's queue pair as the exchange names it: `qpn:psn`, and over UDP `qpn:psn:path_seq`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PeerQp {
+    qpn: u32,
+    psn: u32,
+    path_seq: Option<u32>,
+}
+
+fn decode_qps(s: &str) -> Result<Vec<PeerQp>, OobError> {
     s.split(',')
         .map(|p| {
-            let (q, s) = p
-                .split_once(':')
-                .ok_or_else(|| OobError::Field(format!("qp {p:?}")))?;
-            Ok((
-                q.parse()
-                    .map_err(|_| OobError::Field(format!("qpn {q:?}")))?,
-                s.parse()
-                    .map_err(|_| OobError::Field(format!("psn {s:?}")))?,
-            ))
+            let mut it = p.split(':');
+            let mut num = |what: &str| {
+                it.next()
+                    .and_then(|x| x.parse::<u32>().ok())
+                    .ok_or_else(|| OobError::Field(format!("{what} of qp {p:?}")))
+            };
+            let (qpn, psn) = (num("qpn")?, num("psn")?);
+            let path_seq = match it.next() {
+                None => None,
+                Some(x) => Some(
+                    x.parse()
+                        .map_err(|_| OobError::Field(format!("path sequence of qp {p:?}")))?,
+                ),
+            };
+            if qpn > 0x00ff_ffff || psn > 0x00ff_ffff || it.next().is_some() {
+                return Err(OobError::Field(format!("qp {p:?}")));
+            }
+            Ok(PeerQp { qpn, psn, path_seq })
         })
         .collect()
 }
@@ -679,8 +704,22 @@ mod tests {
 
     #[test]
     fn queue_pair_lists_parse_and_bad_ones_are_named() {
-        assert_eq!(decode_qps("1:2,300:4").unwrap(), vec![(1, 2), (300, 4)]);
-        for bad in ["", "1", "x:2", "1:y", "1:2,"] {
+        let qp = |qpn, psn, path_seq| PeerQp { qpn, psn, path_seq };
+        assert_eq!(
+            decode_qps("1:2,300:4:4294967295").unwrap(),
+            vec![qp(1, 2, None), qp(300, 4, Some(u32::MAX))]
+        );
+        for bad in [
+            "",
+            "1",
+            "x:2",
+            "1:y",
+            "1:2,",
+            "1:2:z",
+            "1:2:3:4",
+            "16777216:0",
+            "1:16777216",
+        ] {
             let e = decode_qps(bad).unwrap_err().to_string();
             assert!(e.contains("qp") || e.contains("psn"), "{bad:?}: {e}");
         }

@@ -145,6 +145,8 @@ pub struct QpInfo {
     pub qpn: u32,
     /// First PSN it sends.
     pub psn: u32,
+    /// Where its path sequence numbers start (`Config::initial_path_seq`).
+    pub path_seq: u32,
     /// Its data address (IP and UDP port it receives on).
     pub addr: SocketAddr,
 }
@@ -159,6 +161,11 @@ struct CtxInner {
 #[derive(Clone)]
 pub struct Context {
     inner: Rc<CtxInner>,
+}
+
+/// 64 random bits from the kernel (for session numbers and seeds).
+pub fn random_u64() -> u64 {
+    random_seed()
 }
 
 fn random_seed() -> u64 {
@@ -426,8 +433,12 @@ impl ProtectionDomain {
                 break q;
             }
         };
+        // Every number a forger would have to guess starts at random: the PSN, the path
+        // sequences, the probe sequences, and the paths' source ports (the entropy seed).
         let psn = (ctx.random() as u32) & 0x00ff_ffff;
         let seed = ctx.random() as u32;
+        let path_seq = ctx.random() as u32;
+        let probe_seq = ctx.random() as u32;
         ctx.with(|e| {
             e.qps.insert(
                 qpn,
@@ -447,6 +458,8 @@ impl ProtectionDomain {
                 qpn,
                 psn,
                 seed,
+                path_seq,
+                probe_seq,
                 attr: *attr,
             }),
         })
@@ -606,6 +619,8 @@ struct QpInner {
     qpn: u32,
     psn: u32,
     seed: u32,
+    path_seq: u32,
+    probe_seq: u32,
     attr: QpAttr,
 }
 
@@ -663,6 +678,7 @@ impl QueuePair {
         QpInfo {
             qpn: self.inner.qpn,
             psn: self.inner.psn,
+            path_seq: self.inner.path_seq,
             addr: self.inner.pd.ctx.local_addr(),
         }
     }
@@ -692,6 +708,9 @@ impl QueuePair {
         cfg.entropy_seed = self.inner.seed;
         cfg.initial_psn = Psn::new(self.inner.psn);
         cfg.peer_initial_psn = Psn::new(remote.psn);
+        cfg.initial_path_seq = self.inner.path_seq;
+        cfg.peer_initial_path_seq = remote.path_seq;
+        cfg.initial_probe_seq = self.inner.probe_seq;
         cfg.window_per_path = a.window_per_path;
         cfg.rto_low = a.rto_low;
         cfg.rto_high = a.rto_high;

@@ -85,6 +85,15 @@ pub struct Config {
     pub initial_psn: Psn,
     /// The first PSN the peer sends.
     pub peer_initial_psn: Psn,
+    /// Where this end's path sequence numbers start (path `i` at
+    /// [`path_origin`]`(initial_path_seq, i)`). Runners draw it at random per connection, as the
+    /// initial PSN, so that a blind forger has to guess a path sequence to be believed.
+    pub initial_path_seq: u32,
+    /// Where the peer's path sequence numbers start (its `initial_path_seq`).
+    pub peer_initial_path_seq: u32,
+    /// Where this end's probe sequence numbers start; drawn at random per connection, so that a
+    /// forged probe reply cannot name an outstanding probe.
+    pub initial_probe_seq: u32,
     /// Packets in flight per path at most (up to 255): where each path's congestion window
     /// starts and the most it grows to.
     pub window_per_path: u32,
@@ -132,6 +141,9 @@ impl Config {
             mtu: 4096,
             initial_psn: Psn::new(0),
             peer_initial_psn: Psn::new(0),
+            initial_path_seq: 0,
+            peer_initial_path_seq: 0,
+            initial_probe_seq: 0,
             window_per_path: 16,
             rto_low: 100_000,
             rto_high: 320_000,
@@ -148,6 +160,17 @@ impl Config {
         }
     }
 }
+
+/// The first sequence number of path `path` when a connection's path sequences start at `base`
+/// (paths start far apart, so one path's numbers say nothing of another's).
+pub fn path_origin(base: u32, path: u8) -> PathSeq {
+    PathSeq(base.wrapping_add(u32::from(path).wrapping_mul(0x9e37_79b9)))
+}
+
+/// How far back from a path's next sequence number an ACK or NACK may name a transmission. A
+/// receiver's cumulative point trails the sender's next number by at most its window plus the
+/// 256 numbers of the bitvector; a refusal comes back within a round trip.
+const SEQ_HISTORY: u64 = 1 << 16;
 
 /// The UDP source port of a path: a hash of the seed, the path and how many times it failed,
 /// in the range 0xC000-0xFFFF that RoCEv2 uses for entropy.
@@ -248,7 +271,11 @@ struct TxPath {
     srtt: u64,
     rttvar: u64,
     timeouts_in_row: u8,
+    /// The last probe sent (its sequence number) and the timestamp it carried: a reply counts
+    /// only if it echoes both while the probe is outstanding.
     probe_seq: u32,
+    probe_ts: u32,
+    probe_outstanding: bool,
     probe_due: Instant,
     probe_pending: bool,
     probes_unanswered: u8,
@@ -306,6 +333,10 @@ struct RxPath {
     ts: u32,
     ts_at: Instant,
     probe_reply: Option<(u32, u32)>,
+    /// The UDP source port the peer's path sends from, learned from what it sent that passed
+    /// every check (see [`Connection::handle_datagram`]); its ACKs, NACKs and probe replies for
+    /// this path must come from it.
+    peer_port: Option<u16>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -398,7 +429,7 @@ pub struct Connection<
     response_ready: bool,
     /// The ACK the last data packet carried (flag A) and when it arrived: taken after that
     /// packet's own work and after the answer a runner sends at once (see `handle_datagram`).
-    carried: Option<(Instant, Psn, MrAckRepr)>,
+    carried: Option<(Instant, u16, Psn, MrAckRepr)>,
     tx_streams: [TxStream; S],
     // Receiver.
     rx_paths: [RxPath; P],
@@ -435,14 +466,18 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             state: PathState::Active,
             generation: 0,
             failed: false,
-            next_seq: PathSeq(0),
-            una: PathSeq(0),
+            next_seq: path_origin(cfg.initial_path_seq, i as u8),
+            una: path_origin(cfg.initial_path_seq, i as u8),
             ring_psn: [NO_PSN; PATH_RING],
             ring_sent: [0; PATH_RING],
             srtt: 0,
             rttvar: 0,
             timeouts_in_row: 0,
-            probe_seq: 0,
+            probe_seq: cfg
+                .initial_probe_seq
+                .wrapping_add((i as u32).wrapping_mul(0x85eb_ca6b)),
+            probe_ts: 0,
+            probe_outstanding: false,
             probe_due: 0,
             probe_pending: false,
             probes_unanswered: 0,
@@ -458,8 +493,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 ..PathStats::default()
             },
         };
-        let rx_path = RxPath {
-            sack: SackBitmap::new(PathSeq(0)),
+        let rx_path = |i: usize| RxPath {
+            sack: SackBitmap::new(path_origin(cfg.peer_initial_path_seq, i as u8)),
             unacked: 0,
             ack_due: None,
             ce: 0,
@@ -467,6 +502,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             ts: 0,
             ts_at: 0,
             probe_reply: None,
+            peer_port: None,
         };
         Connection {
             regions: RegionTable::default(),
@@ -492,7 +528,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 next_msn: 0,
                 next_read: 0,
             }; S],
-            rx_paths: [rx_path; P],
+            rx_paths: core::array::from_fn(rx_path),
             rx_cum: cfg.peer_initial_psn,
             rx_seen: [false; W],
             rx_streams: [RxStream {
@@ -683,7 +719,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     pub fn poll_timeout(&self) -> Option<Instant> {
         let mut t: Option<Instant> = None;
         let mut at = |x: Instant| t = Some(t.map_or(x, |y| y.min(x)));
-        if let Some((arrived, _, _)) = self.carried {
+        if let Some((arrived, ..)) = self.carried {
             at(arrived);
         }
         for (i, p) in self
@@ -1062,10 +1098,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     fn send_probe(&mut self, now: Instant, buf: &mut [u8], i: usize) -> Option<Transmit> {
         let p = &mut self.paths[i];
         p.probe_seq = p.probe_seq.wrapping_add(1);
+        p.probe_ts = now as u32;
+        p.probe_outstanding = true;
         let probe = MrProbeRepr {
             path_id: i as u8,
             probe_seq: p.probe_seq,
-            timestamp: now as u32,
+            timestamp: p.probe_ts,
             ts_echo: 0,
         };
         self.counters.probes_sent += 1;
@@ -1111,7 +1149,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             let p = &self.paths[last];
             return p.next_seq == p.una;
         }
-        let Some((_, _, ack)) = &self.carried else {
+        let Some((_, _, _, ack)) = &self.carried else {
             return false;
         };
         usize::from(ack.path_id) == last
@@ -1365,27 +1403,25 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             self.counters.ecn_ce_received += 1;
         }
         match view.ext {
-            Extensions::MrAck(ack) => {
-                self.on_ack(now, bth.psn, &ack);
-                Ok(Delivery::Nothing)
-            }
-            Extensions::MrNack(nack) => {
-                self.on_nack(now, bth.psn, &nack);
-                Ok(Delivery::Nothing)
-            }
-            Extensions::MrProbe(probe) => {
-                self.on_probe(now, bth.opcode, &probe);
-                Ok(Delivery::Nothing)
-            }
+            Extensions::MrAck(ack) => self
+                .on_ack(now, src_port, bth.psn, &ack)
+                .map(|()| Delivery::Nothing),
+            Extensions::MrNack(nack) => self
+                .on_nack(now, src_port, bth.psn, &nack)
+                .map(|()| Delivery::Nothing),
+            Extensions::MrProbe(probe) => self
+                .on_probe(now, src_port, bth.opcode, &probe)
+                .map(|()| Delivery::Nothing),
             _ => match view.ext.mr_data() {
                 Some(data) => {
                     if let Some(p) = view.piggy {
                         self.counters.acks_piggyback_received += 1;
-                        self.carried = Some((now, p.cum_psn, p.ack));
+                        self.carried = Some((now, src_port, p.cum_psn, p.ack));
                     }
                     self.on_data(
                         now,
                         ce,
+                        src_port,
                         &bth,
                         &view.ext,
                         data,
@@ -1440,11 +1476,21 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         })
     }
 
-    fn on_probe(&mut self, now: Instant, opcode: Opcode, probe: &MrProbeRepr) {
+    /// A probe from the peer (answered from any port: after a failover the peer's path probes
+    /// from its new port), or the reply to ours, which counts only if it names the probe that is
+    /// outstanding and echoes its timestamp. Such a reply also teaches the port the peer's path
+    /// now sends from.
+    fn on_probe(
+        &mut self,
+        now: Instant,
+        src_port: u16,
+        opcode: Opcode,
+        probe: &MrProbeRepr,
+    ) -> Result<(), DropReason> {
         let i = usize::from(probe.path_id);
         if i >= usize::from(self.cfg.paths) {
             self.counters.drop_other += 1;
-            return;
+            return Err(DropReason::UnknownPath);
         }
         if opcode == Opcode::MrProbe {
             let rx = &mut self.rx_paths[i];
@@ -1454,10 +1500,16 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             rx.ts_at = now;
             self.acks_now.insert(i);
             self.control_dirty = true;
-            return;
+            return Ok(());
         }
         let p = &mut self.paths[i];
-        if p.state == PathState::Probing && probe.probe_seq == p.probe_seq {
+        if !p.probe_outstanding || probe.probe_seq != p.probe_seq || probe.ts_echo != p.probe_ts {
+            self.counters.drop_bad_probe += 1;
+            return Err(DropReason::Inconsistent);
+        }
+        p.probe_outstanding = false;
+        self.rx_paths[i].peer_port = Some(src_port);
+        if p.state == PathState::Probing {
             p.state = PathState::Active;
             p.timeouts_in_row = 0;
             p.probes_unanswered = 0;
@@ -1468,43 +1520,84 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 self.push_event(Event::PathRestored { path: i as u8 });
             }
         }
+        Ok(())
     }
 
-    fn on_nack(&mut self, now: Instant, psn: Psn, nack: &MrNackRepr) {
-        self.counters.nacks_received += 1;
+    /// Whether a control packet for path `i` (an ACK, a NACK) comes from the port the peer's
+    /// path sends from; until that is known, any port (the first packet that passes every other
+    /// check teaches it).
+    fn on_path_port(&mut self, i: usize, src_port: u16) -> bool {
+        let ok = self.rx_paths[i].peer_port.is_none_or(|p| p == src_port);
+        if !ok {
+            self.counters.drop_wrong_port += 1;
+        }
+        ok
+    }
+
+    /// Whether `seq` is one of the last [`SEQ_HISTORY`] sequence numbers sent on path `i`.
+    fn was_sent(&self, i: usize, seq: PathSeq) -> bool {
+        let p = &self.paths[i];
+        let behind = p.next_seq.diff(seq);
+        behind >= 1 && behind as u64 <= p.stats.sent.min(SEQ_HISTORY)
+    }
+
+    /// A NACK. As responder: the requester's confirmation of a refusal we hold, which must
+    /// name it exactly. As requester: a refusal of one of our packets, which must name a PSN we
+    /// sent and a transmission of it on the path it names; a fatal one is confirmed (also when
+    /// repeated) and fails its message.
+    fn on_nack(
+        &mut self,
+        now: Instant,
+        src_port: u16,
+        psn: Psn,
+        nack: &MrNackRepr,
+    ) -> Result<(), DropReason> {
+        let i = usize::from(nack.path_id);
+        if i >= usize::from(self.cfg.paths) {
+            self.counters.drop_other += 1;
+            return Err(DropReason::UnknownPath);
+        }
+        if !self.on_path_port(i, src_port) {
+            return Err(DropReason::WrongPort);
+        }
         if nack.reason == NackReason::RefusalSeen {
             // As responder: the requester has our refusal of `psn`.
-            let i = usize::from(nack.path_id);
-            if let Some(slot) = self
-                .refusals
-                .iter_mut()
-                .find(|r| r.is_some_and(|r| r.pending.psn == psn))
-            {
-                *slot = None;
-                self.refusals_held -= 1;
-                self.counters.refusals_confirmed += 1;
-                if self.refusals_held == 0 && i < usize::from(self.cfg.paths) {
-                    // The requester's window waits for an ACK without the refusals flag.
-                    self.acks_now.insert(i);
-                    self.control_dirty = true;
-                }
-            }
-            return;
-        }
-        if nack.reason != NackReason::ReceiverNotReady {
-            // As requester: confirm every fatal refusal, also a repeated one (the previous
-            // confirmation may have been lost).
-            let path = if usize::from(nack.path_id) < usize::from(self.cfg.paths) {
-                nack.path_id
-            } else {
-                0
+            let Some(slot) = self.refusals.iter_mut().find(|r| {
+                r.is_some_and(|r| {
+                    r.pending.psn == psn
+                        && r.pending.nack
+                            == MrNackRepr {
+                                reason: r.pending.nack.reason,
+                                ..*nack
+                            }
+                })
+            }) else {
+                self.counters.drop_bad_nack += 1;
+                return Err(DropReason::Inconsistent);
             };
+            *slot = None;
+            self.refusals_held -= 1;
+            self.counters.nacks_received += 1;
+            self.counters.refusals_confirmed += 1;
+            if self.refusals_held == 0 {
+                // The requester's window waits for an ACK without the refusals flag.
+                self.acks_now.insert(i);
+                self.control_dirty = true;
+            }
+            return Ok(());
+        }
+        let fatal = nack.reason != NackReason::ReceiverNotReady;
+        if fatal {
+            // As requester: confirm every fatal refusal from the path's port, also a repeated one
+            // (the previous confirmation may have been lost) and one of a packet this end never
+            // sent (a forgery the peer refused): the peer holds it, and flags every ACK, until
+            // confirmed. A confirmation acts only where it names a refusal held, so confirming a
+            // forged NACK costs nothing.
             if let Some(slot) = self.nacks.iter_mut().find(|s| s.is_none()) {
                 *slot = Some(PendingNack {
-                    path,
+                    path: nack.path_id,
                     psn,
                     nack: MrNackRepr {
-                        path_id: path,
                         reason: NackReason::RefusalSeen,
                         ..*nack
                     },
@@ -1513,9 +1606,18 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             }
         }
         // The window cannot have passed a fatally refused PSN: it moves only on ACKs without the
-        // refusals flag, which come after our confirmation. Out of the window means a repeat.
-        if !self.in_tx_window(psn) {
-            return;
+        // refusals flag, which come after our confirmation. Just behind the window means a
+        // repeat whose confirmation was lost: confirmed above, nothing more.
+        let in_window = self.in_tx_window(psn);
+        let repeat = !in_window && fatal && (-(W as i32)..0).contains(&psn_diff(psn, self.una));
+        if !(in_window || repeat) || !self.was_sent(i, PathSeq(nack.path_seq)) {
+            self.counters.drop_bad_nack += 1;
+            return Err(DropReason::Inconsistent);
+        }
+        self.counters.nacks_received += 1;
+        self.rx_paths[i].peer_port = Some(src_port);
+        if repeat {
+            return Ok(());
         }
         let idx = psn.get() as usize % W;
         if nack.reason == NackReason::ReceiverNotReady {
@@ -1525,7 +1627,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             let wake = now + self.cfg.rnr_delay;
             self.queue_retx(psn, wake);
             self.retx_wake = Some(self.retx_wake.map_or(wake, |w| w.min(wake)));
-            return;
+            return Ok(());
         }
         if let Some(m) = self.msgs[self.pkts[idx].msg as usize % Q].as_mut() {
             if !m.done {
@@ -1535,6 +1637,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             }
         }
         self.complete_in_order();
+        Ok(())
     }
 
     /// ECN AIMD on path `i`: an ACK reporting marks halves its window, at most once per RTT
@@ -1561,17 +1664,43 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 
     /// Takes the ACK the last data packet carried, if it has not been taken yet.
     fn settle_carried(&mut self) {
-        if let Some((at, cum_psn, ack)) = self.carried.take() {
-            self.on_ack(at, cum_psn, &ack);
+        if let Some((at, src_port, cum_psn, ack)) = self.carried.take() {
+            // A carried ACK that fails its checks is counted there; its packet stands.
+            let _ = self.on_ack(at, src_port, cum_psn, &ack);
         }
     }
 
-    fn on_ack(&mut self, now: Instant, cum_psn: Psn, ack: &MrAckRepr) {
+    /// Whether an ACK for path `i` names only what was sent: its cumulative point among the
+    /// path's last numbers sent (or at the next one), every bit of its bitvector below the next
+    /// number, and a cumulative PSN not past the next PSN.
+    fn ack_is_consistent(&self, i: usize, cum_psn: Psn, ack: &MrAckRepr) -> bool {
+        let p = &self.paths[i];
+        let behind = p.next_seq.diff(PathSeq(ack.cum_seq));
+        let cum_ok = behind == 0 || self.was_sent(i, PathSeq(ack.cum_seq));
+        let bits_ok = highest_sack_bit(&ack.sack).is_none_or(|b| (b as i64) + 1 < behind as i64);
+        cum_ok && bits_ok && psn_diff(cum_psn, self.nxt) <= 0
+    }
+
+    fn on_ack(
+        &mut self,
+        now: Instant,
+        src_port: u16,
+        cum_psn: Psn,
+        ack: &MrAckRepr,
+    ) -> Result<(), DropReason> {
         let i = usize::from(ack.path_id);
         if i >= usize::from(self.cfg.paths) {
             self.counters.drop_other += 1;
-            return;
+            return Err(DropReason::UnknownPath);
         }
+        if !self.on_path_port(i, src_port) {
+            return Err(DropReason::WrongPort);
+        }
+        if !self.ack_is_consistent(i, cum_psn, ack) {
+            self.counters.drop_bad_ack += 1;
+            return Err(DropReason::Inconsistent);
+        }
+        self.rx_paths[i].peer_port = Some(src_port);
         self.counters.ecn_marks_echoed += u64::from(ack.ce_count);
         self.paths[i].stats.ecn_marks += u64::from(ack.ce_count);
         let cum = PathSeq(ack.cum_seq);
@@ -1654,11 +1783,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
         // The connection-level cumulative PSN: what the peer has accepted for good. While the
         // peer holds refusals we have not confirmed, it may cover refused packets: wait.
-        if !ack.refusals && psn_diff(cum_psn, self.peer_cum) > 0 && psn_diff(cum_psn, self.nxt) <= 0
-        {
+        if !ack.refusals && psn_diff(cum_psn, self.peer_cum) > 0 {
             self.peer_cum = cum_psn;
         }
         self.advance_window();
+        Ok(())
     }
 
     /// Declares transmission `seq` on path `i` lost (a gap, or left before a tail probe).
@@ -1752,6 +1881,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         &mut self,
         now: Instant,
         ce: bool,
+        src_port: u16,
         bth: &BthRepr,
         ext: &Extensions,
         data: MrDataRepr,
@@ -1768,7 +1898,17 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             self.counters.drop_out_of_window += 1;
             return Err(DropReason::OutOfWindow);
         }
+        // The PSN and the duplicate are checked before any path state moves. A duplicate still
+        // enters the path's bitvector (a spurious retransmission must be acknowledged on the path
+        // that carried it), but it never slides the path's window: only a new packet in the
+        // receive window may (a forged old PSN with a far path sequence would otherwise give up
+        // on every missing number of the path).
+        let duplicate = offset_psn < 0 || self.rx_seen[bth.psn.get() as usize % W];
         let rx = &mut self.rx_paths[i];
+        if duplicate && PathSeq(data.path_seq).diff(rx.sack.cumulative()) > SACK_BITS as i32 {
+            self.counters.duplicates += 1;
+            return Err(DropReason::Duplicate);
+        }
         let arrival = rx.sack.insert(PathSeq(data.path_seq));
         rx.ts = data.timestamp;
         rx.ts_at = now;
@@ -1785,7 +1925,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             rx.ack_due = Some(now + self.cfg.ack_delay);
             self.acks_due.insert(i);
         }
-        if offset_psn < 0 || self.rx_seen[bth.psn.get() as usize % W] {
+        if duplicate {
             self.counters.duplicates += 1;
             return Err(DropReason::Duplicate);
         }
@@ -1890,6 +2030,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             }
         };
         self.accept(bth.psn);
+        // A new packet in the receive window: the port its path sends from (see
+        // `on_path_port`).
+        self.rx_paths[i].peer_port = Some(src_port);
         self.counters.data_received += 1;
         if let Delivery::Place { len, .. } = delivery {
             self.counters.bytes_placed += len as u64;

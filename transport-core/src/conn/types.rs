@@ -216,6 +216,12 @@ pub enum DropReason {
     Duplicate,
     /// An opcode this connection does not act on.
     UnsupportedOpcode,
+    /// A control packet (ACK, NACK) from a UDP source port the peer's path does not send from.
+    WrongPort,
+    /// A control packet that names what was never sent or is not outstanding: a path sequence
+    /// or PSN this end did not send, a refusal it does not hold, a probe that is not the one
+    /// outstanding. Dropped whole: nothing of it is acted on.
+    Inconsistent,
     /// It would be refused, but too many earlier refusals await the requester's confirmation:
     /// not accepted (the requester sends it again).
     RefusalsFull,
@@ -288,6 +294,14 @@ pub struct Counters {
     /// Packets that would have been refused while every refusal slot waited for its
     /// confirmation: not accepted, the requester sends them again.
     pub drop_refusals_full: u64,
+    /// Drops by reason: ACKs and NACKs from a source port the peer's path does not send from.
+    pub drop_wrong_port: u64,
+    /// Drops by reason: ACKs that name a path sequence not sent or a PSN past the next one.
+    pub drop_bad_ack: u64,
+    /// Drops by reason: NACKs that name a PSN or path sequence not sent, or a refusal not held.
+    pub drop_bad_nack: u64,
+    /// Drops by reason: probe replies that do not name the outstanding probe.
+    pub drop_bad_probe: u64,
     /// Requests refused for memory access (key, bounds, rights).
     pub access_violations: u64,
     /// CE marks seen on arrival.

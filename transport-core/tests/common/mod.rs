@@ -38,7 +38,17 @@ pub fn config(local: u8, remote: u8) -> Config {
     );
     c.paths = 4;
     c.mtu = 1024;
+    // Path and probe sequences start where a runner's random draw may put them: just below the
+    // wrap of the 32-bit space, so that every test crosses it.
+    c.initial_path_seq = path_base(local);
+    c.peer_initial_path_seq = path_base(remote);
+    c.initial_probe_seq = u32::MAX - 2 - u32::from(local);
     c
+}
+
+/// Where the path sequences of the side with address `x` start.
+pub fn path_base(x: u8) -> u32 {
+    0xffff_ffc0_u32.wrapping_add(u32::from(x) * 8)
 }
 
 impl Pair {
