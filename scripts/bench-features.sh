@@ -19,7 +19,7 @@ for r in $(seq 1 "$ROUNDS"); do
   row=()
   for i in "${!names[@]}"; do
     # shellcheck disable=SC2086 # the flags are words
-    $M write-bw -p 18820 ${flags[$i]} >/dev/null 2>&1 &
+    $M write-bw --once -p 18820 ${flags[$i]} >/dev/null 2>&1 &
     sleep 0.3
     # shellcheck disable=SC2086
     j=$($M write-bw 127.0.0.1 -p 18820 -D "$SECS" ${flags[$i]} --json 2>/dev/null)

@@ -29,7 +29,7 @@ for r in $(seq 1 "$ROUNDS"); do
   j=$(iperf3 -c 127.0.0.1 -p 5299 -t "$SECS" -J)
   wait
   t=$(echo "$j" | py 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9)')
-  $M write-bw -p 18800 >/dev/null 2>&1 &
+  $M write-bw --once -p 18800 >/dev/null 2>&1 &
   sleep 0.3
   j=$($M write-bw 127.0.0.1 -p 18800 -D "$SECS" --json 2>/dev/null)
   wait
@@ -42,7 +42,7 @@ for r in $(seq 1 "$ROUNDS"); do
   sleep 0.2
   ul=$($P client 127.0.0.1:18803 "$SIZE" "$ITERS" --like-transport)
   wait
-  $M write-lat -p 18802 >/dev/null 2>&1 &
+  $M write-lat --once -p 18802 >/dev/null 2>&1 &
   sleep 0.3
   l=$($M write-lat 127.0.0.1 -p 18802 -s "$SIZE" -n "$ITERS" --json 2>/dev/null)
   wait

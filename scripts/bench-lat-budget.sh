@@ -39,7 +39,7 @@ for r in $(seq 1 "$ROUNDS"); do
   for w in "${WORK[@]}"; do
     line="$line|work$w $(plain 18801 --work "$w")"
   done
-  $M write-lat -p 18802 >/dev/null 2>&1 &
+  $M write-lat --once -p 18802 >/dev/null 2>&1 &
   sleep 0.3
   j=$($M write-lat 127.0.0.1 -p 18802 -s "$SIZE" -n "$ITERS" --json 2>/dev/null)
   wait

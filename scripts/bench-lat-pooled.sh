@@ -38,7 +38,7 @@ plain() { # OUTFILE [--like-transport]
   wait
 }
 writelat() { # OUTFILE
-  $M write-lat -p 18812 >/dev/null 2>&1 &
+  $M write-lat --once -p 18812 >/dev/null 2>&1 &
   sleep 0.3
   # Nothing else runs during a measurement: the JSON is read after both ends are gone (a reader
   # started beside the client, such as a Python interpreter, takes a CPU from the spinning ends).

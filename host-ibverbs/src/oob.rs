@@ -7,12 +7,15 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// The version of the exchange this build speaks.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// perftest's default port.
 pub const DEFAULT_PORT: u16 = 18515;
 
@@ -36,6 +39,10 @@ pub enum OobError {
     NotMetaroce(String),
     /// The peer closed the connection.
     Closed,
+    /// No whole message came within the time allowed.
+    TimedOut(Duration),
+    /// The peer's heartbeat stopped: it is stopped, gone, or cut off.
+    Silent(Duration),
     /// The peer reported an error.
     Peer(String),
     /// A message lacks a field or has a bad one.
@@ -60,6 +67,18 @@ impl fmt::Display for OobError {
                 write!(f, "the peer is not a metaroce endpoint (it said {l:?})")
             }
             OobError::Closed => write!(f, "the peer closed the connection"),
+            OobError::TimedOut(t) => {
+                write!(
+                    f,
+                    "no whole message from the peer within {} s",
+                    (t.as_secs_f64() * 10.0).round() / 10.0
+                )
+            }
+            OobError::Silent(t) => write!(
+                f,
+                "the peer sent nothing for {} s (stopped, gone or cut off)",
+                t.as_secs()
+            ),
             OobError::Peer(m) => write!(f, "the peer reported: {m}"),
             OobError::Field(m) => write!(f, "bad message from the peer: {m}"),
             OobError::Io(e) => write!(f, "{e}"),
@@ -165,13 +184,48 @@ impl Message {
 }
 
 /// One end of the exchange.
+///
+/// Every wait has a deadline for the whole message (a peer that sends a byte at a time cannot
+/// stretch it), lines are bounded, the socket has TCP keepalive, and once a session is set up
+/// both ends send a heartbeat every [`HEARTBEAT`] from a thread of their own, so that a peer that
+/// stops (SIGSTOP, a host that vanishes without a FIN) is noticed within [`SILENCE`] however busy
+/// its own loop is.
 pub struct Channel {
-    reader: BufReader<TcpStream>,
-    stream: TcpStream,
+    stream: Arc<Mutex<TcpStream>>,
+    /// Bytes read but not yet taken as messages (at most one line plus one read).
+    inbuf: Vec<u8>,
+    /// When the peer last sent anything (a heartbeat counts).
+    last_heard: Instant,
+    /// Whether both ends send heartbeats (set up by [`Channel::start_heartbeat`]).
+    heartbeat: Option<Heartbeat>,
+    peer: SocketAddr,
+    local: SocketAddr,
+}
+
+/// The heartbeat thread's handle: dropping it stops the thread.
+struct Heartbeat {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
 }
 
 /// Lines longer than this are refused (a peer cannot make us buffer without bound).
-const MAX_LINE: u64 = 64 * 1024;
+const MAX_LINE: usize = 64 * 1024;
+/// How often a set-up session sends its heartbeat.
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+/// Silence from a peer whose heartbeat runs, after which it counts as gone.
+pub const SILENCE: Duration = Duration::from_secs(5);
+/// The verb of a heartbeat; never handed to the caller.
+const ALIVE: &str = "alive";
 
 impl Channel {
     /// Connects to a server, waiting up to `timeout`.
@@ -199,27 +253,89 @@ impl Channel {
         Channel::new(s)
     }
 
+    /// Waits for one client until `deadline`.
+    pub fn accept_until(listener: &TcpListener, deadline: Instant) -> Result<Channel, OobError> {
+        let allowed = deadline.saturating_duration_since(Instant::now());
+        listener.set_nonblocking(true)?;
+        let r = loop {
+            match listener.accept() {
+                Ok((s, _)) => break s.set_nonblocking(false).map(|()| s),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break Err(io::ErrorKind::TimedOut.into());
+                    }
+                    if let Err(e) = poll_fd(listener.as_raw_fd(), libc::POLLIN, Some(left)) {
+                        break Err(e);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => break Err(e),
+            }
+        };
+        listener.set_nonblocking(false)?;
+        match r {
+            Ok(s) => Channel::new(s),
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => Err(OobError::TimedOut(allowed)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     fn new(stream: TcpStream) -> Result<Channel, OobError> {
         stream.set_nodelay(true)?;
+        stream.set_nonblocking(true)?;
+        set_keepalive(&stream)?;
         Ok(Channel {
-            reader: BufReader::new(stream.try_clone()?),
-            stream,
+            peer: stream.peer_addr()?,
+            local: stream.local_addr()?,
+            stream: Arc::new(Mutex::new(stream)),
+            inbuf: Vec::new(),
+            last_heard: Instant::now(),
+            heartbeat: None,
         })
     }
 
     /// The local address of the TCP connection (the address the peer reaches us at).
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.stream.local_addr()
+        Ok(self.local)
     }
 
     /// The peer's address.
     pub fn peer_addr(&self) -> io::Result<SocketAddr> {
-        self.stream.peer_addr()
+        Ok(self.peer)
+    }
+
+    /// Starts sending a heartbeat every [`HEARTBEAT`] and expecting the peer's: from now on a
+    /// peer silent for [`SILENCE`] is an error ([`OobError::Silent`]). Both ends start it once the
+    /// session is set up.
+    pub fn start_heartbeat(&mut self) -> Result<(), OobError> {
+        if self.heartbeat.is_some() {
+            return Ok(());
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let line = Message::new(ALIVE).encode();
+        let (stream, flag) = (self.stream.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("oob-heartbeat".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    if write_line(&stream, line.as_bytes()).is_err() {
+                        return;
+                    }
+                    std::thread::park_timeout(HEARTBEAT);
+                }
+            })?;
+        self.last_heard = Instant::now();
+        self.heartbeat = Some(Heartbeat {
+            stop,
+            thread: Some(thread),
+        });
+        Ok(())
     }
 
     /// Sends a message.
     pub fn send(&mut self, m: &Message) -> Result<(), OobError> {
-        self.stream.write_all(m.encode().as_bytes())?;
+        write_line(&self.stream, m.encode().as_bytes())?;
         Ok(())
     }
 
@@ -228,15 +344,27 @@ impl Channel {
         let _ = self.send(&Message::new("error").with("msg", msg));
     }
 
-    /// Receives a message, waiting up to `timeout` (None: forever).
+    /// Receives a message, waiting up to `timeout` for the whole of it (None: as long as the
+    /// peer's heartbeat runs, or forever before it does).
     pub fn recv(&mut self, timeout: Option<Duration>) -> Result<Message, OobError> {
-        self.stream.set_read_timeout(timeout)?;
-        let mut line = String::new();
-        let n = (&mut self.reader).take(MAX_LINE).read_line(&mut line)?;
-        if n == 0 {
-            return Err(OobError::Closed);
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Some(m) = self.take_message()? {
+                return Ok(m);
+            }
+            let now = Instant::now();
+            let mut wait = deadline.map(|d| d.saturating_duration_since(now));
+            if wait == Some(Duration::ZERO) {
+                return Err(OobError::TimedOut(timeout.unwrap_or_default()));
+            }
+            if self.heartbeat.is_some() {
+                let left = SILENCE.saturating_sub(now - self.last_heard);
+                wait = Some(wait.map_or(left, |w| w.min(left)));
+            }
+            self.check_silence()?;
+            wait_readable(&self.stream, wait)?;
+            self.read_available()?;
         }
-        Message::decode(line.trim_end())
     }
 
     /// Receives a message with verb `verb`.
@@ -248,22 +376,157 @@ impl Channel {
         Ok(m)
     }
 
-    /// Whether a message is waiting (without blocking).
+    /// A message if a whole one has arrived, without blocking (one system call when none has).
+    /// A closed connection, or a peer whose heartbeat stopped, is an error.
     pub fn poll(&mut self) -> Result<Option<Message>, OobError> {
-        if !self.reader.buffer().is_empty() {
-            return self.recv(None).map(Some);
+        if let Some(m) = self.take_message()? {
+            return Ok(Some(m));
         }
-        self.stream.set_nonblocking(true)?;
-        let mut b = [0u8; 1];
-        let r = self.stream.peek(&mut b);
-        self.stream.set_nonblocking(false)?;
-        match r {
-            Ok(0) => Err(OobError::Closed),
-            Ok(_) => self.recv(None).map(Some),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-            Err(e) => Err(e.into()),
+        self.read_available()?;
+        if let Some(m) = self.take_message()? {
+            return Ok(Some(m));
+        }
+        self.check_silence()?;
+        Ok(None)
+    }
+
+    fn check_silence(&self) -> Result<(), OobError> {
+        if self.heartbeat.is_some() && self.last_heard.elapsed() > SILENCE {
+            return Err(OobError::Silent(SILENCE));
+        }
+        Ok(())
+    }
+
+    /// Reads what the socket holds (without blocking) into the buffer.
+    fn read_available(&mut self) -> Result<(), OobError> {
+        let mut chunk = [0u8; 4096];
+        loop {
+            let r = {
+                let mut s = lock(&self.stream);
+                s.read(&mut chunk)
+            };
+            match r {
+                Ok(0) => return Err(OobError::Closed),
+                Ok(n) => {
+                    self.last_heard = Instant::now();
+                    self.inbuf.extend_from_slice(&chunk[..n]);
+                    if self.inbuf.len() > MAX_LINE {
+                        // Never more than a line's bound buffered: the messages in it are taken
+                        // before anything more is read.
+                        if !self.inbuf[..MAX_LINE].contains(&b'\n') {
+                            return Err(OobError::NotMetaroce(
+                                String::from_utf8_lossy(&self.inbuf[..60]).into_owned(),
+                            ));
+                        }
+                        return Ok(());
+                    }
+                    if n < chunk.len() {
+                        return Ok(());
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
         }
     }
+
+    /// The first whole line in the buffer as a message; heartbeats are taken and skipped.
+    fn take_message(&mut self) -> Result<Option<Message>, OobError> {
+        loop {
+            let Some(end) = self.inbuf.iter().position(|&b| b == b'\n') else {
+                return Ok(None);
+            };
+            let line: Vec<u8> = self.inbuf.drain(..=end).collect();
+            let text = String::from_utf8_lossy(&line[..end]);
+            let m = Message::decode(text.trim_end())?;
+            if m.verb != ALIVE {
+                return Ok(Some(m));
+            }
+        }
+    }
+}
+
+fn lock(s: &Mutex<TcpStream>) -> std::sync::MutexGuard<'_, TcpStream> {
+    s.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Writes a whole line on the non-blocking socket (waiting while the peer's window is full, up
+/// to [`SILENCE`]), under the lock so that a heartbeat never lands inside a message.
+fn write_line(stream: &Mutex<TcpStream>, mut bytes: &[u8]) -> io::Result<()> {
+    let s = lock(stream);
+    let deadline = Instant::now() + SILENCE;
+    while !bytes.is_empty() {
+        match (&*s).write(bytes) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the peer takes nothing from the control connection",
+                    ));
+                }
+                poll_fd(s.as_raw_fd(), libc::POLLOUT, Some(left))?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Waits until the socket is readable (or closed), up to `wait` (None: without limit).
+fn wait_readable(stream: &Mutex<TcpStream>, wait: Option<Duration>) -> io::Result<()> {
+    let fd = lock(stream).as_raw_fd();
+    poll_fd(fd, libc::POLLIN, wait)
+}
+
+fn poll_fd(fd: i32, events: i16, wait: Option<Duration>) -> io::Result<()> {
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    let ms = wait.map_or(-1, |w| w.as_millis().clamp(1, i32::MAX as u128) as i32);
+    // SAFETY: `p` is one valid pollfd that outlives the call; the count is 1.
+    let r = unsafe { libc::poll(&mut p, 1, ms) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// TCP keepalive: a peer host that vanished is found by the kernel within about 10 s of
+/// silence even where no heartbeat runs yet.
+fn set_keepalive(s: &TcpStream) -> io::Result<()> {
+    let fd = s.as_raw_fd();
+    let set = |level: i32, name: i32, v: i32| -> io::Result<()> {
+        // SAFETY: `fd` is an open socket owned by `s`; the option value is a live i32 whose size
+        // is passed with it.
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                (&v as *const i32).cast(),
+                std::mem::size_of::<i32>() as libc::socklen_t,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    };
+    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 5)?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1)?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 5)
 }
 
 #[cfg(test)]
@@ -282,10 +545,10 @@ mod tests {
 
     #[test]
     fn another_version_or_protocol_is_named() {
-        let e = Message::decode("METAROCE/2 hello").unwrap_err();
+        let e = Message::decode("METAROCE/1 hello").unwrap_err();
         assert_eq!(
             e.to_string(),
-            "the peer speaks exchange version 2, this build speaks 1"
+            "the peer speaks exchange version 1, this build speaks 2"
         );
         let e = Message::decode("0000:0000:00000001:00000000").unwrap_err();
         assert!(
@@ -293,7 +556,7 @@ mod tests {
                 .starts_with("the peer is not a metaroce endpoint"),
             "{e}"
         );
-        let e = Message::decode("METAROCE/1 error msg=server%20runs%20write-bw").unwrap_err();
+        let e = Message::decode("METAROCE/2 error msg=server%20runs%20write-bw").unwrap_err();
         assert_eq!(e.to_string(), "the peer reported: server runs write-bw");
     }
 

@@ -118,6 +118,35 @@ pub struct PerfArgs {
     /// Print one JSON object per result line.
     #[arg(long)]
     pub json: bool,
+    /// Most memory for the buffers of one phase, all connections together (a number of bytes,
+    /// or with K, M or G): a peer cannot make this end take more.
+    #[arg(long, value_name = "BYTES", default_value = "1G", value_parser = parse_bytes)]
+    pub max_memory: u64,
+    /// Server: serve one client, then exit (perftest's behaviour); otherwise the server goes
+    /// back to waiting after each client, also after one that failed. A connection that never
+    /// sends a valid hello does not count.
+    #[arg(long)]
+    pub once: bool,
+    /// Send data to the address the peer names even when it is not the address its control
+    /// connection comes from (a data path on another interface); otherwise refused.
+    #[arg(long)]
+    pub allow_data_redirect: bool,
+}
+
+/// A size in bytes: a number, or with a suffix K, M or G (powers of 1024).
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, shift) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 10),
+        Some('M') => (&t[..t.len() - 1], 20),
+        Some('G') => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("{s:?} is not a size (a number of bytes, or with K, M or G)"))
 }
 
 fn config(test: Test, a: &PerfArgs) -> Result<PerfConfig, String> {
@@ -154,6 +183,9 @@ fn config(test: Test, a: &PerfArgs) -> Result<PerfConfig, String> {
     c.bind = a.bind;
     c.ib_port = a.ib_port;
     c.gid_index = a.gid_index;
+    c.max_memory = a.max_memory;
+    c.once = a.once;
+    c.allow_data_redirect = a.allow_data_redirect;
     match a.transport {
         Transport::Verbs => {
             c.transport = perf::Transport::Verbs;
@@ -288,38 +320,49 @@ fn server(cfg: &PerfConfig, json: bool) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    eprintln!(
-        "************************************\n* Waiting for client to connect... *\n************************************"
-    );
-    match perf::serve_one(cfg, &listener) {
-        Ok(s) => {
-            eprintln!(
-                "served {} ({} phase(s)), {} bytes checked, verified: {}",
-                s.test.name(),
-                s.phases,
-                s.bytes_checked,
-                s.verified
-            );
-            if json {
-                let v = serde_json::json!({
-                    "role": "server",
-                    "test": s.test.name(),
-                    "phases": s.phases,
-                    "verified": s.verified,
-                    "bytes_checked": s.bytes_checked,
-                    "stats": s.stats,
-                });
-                println!("{v}");
+    loop {
+        eprintln!(
+            "************************************\n* Waiting for client to connect... *\n************************************"
+        );
+        let served = match perf::serve_one(cfg, &listener) {
+            Ok(s) => s,
+            Err(PerfError::NoSession(e)) => {
+                // A port scanner or a stranger: not a client, also for --once.
+                eprintln!("metaroce: a connection that was not a client: {e}");
+                continue;
             }
-            if s.verified {
+            Err(e) => {
+                eprintln!("metaroce: lost the client: {e}");
+                if cfg.once {
+                    return ExitCode::from(1);
+                }
+                continue;
+            }
+        };
+        eprintln!(
+            "served {} ({} phase(s)), {} bytes checked, verified: {}",
+            served.test.name(),
+            served.phases,
+            served.bytes_checked,
+            served.verified
+        );
+        if json {
+            let v = serde_json::json!({
+                "role": "server",
+                "test": served.test.name(),
+                "phases": served.phases,
+                "verified": served.verified,
+                "bytes_checked": served.bytes_checked,
+                "stats": served.stats,
+            });
+            println!("{v}");
+        }
+        if cfg.once {
+            return if served.verified {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(1)
-            }
-        }
-        Err(e) => {
-            eprintln!("metaroce: {e}");
-            ExitCode::from(1)
+            };
         }
     }
 }

@@ -357,11 +357,11 @@ fn a_refused_connection_and_a_foreign_version_are_named() {
         .output()
         .unwrap();
     let hello = fake.join().unwrap();
-    assert!(hello.starts_with("METAROCE/1 hello "), "{hello}");
+    assert!(hello.starts_with("METAROCE/2 hello "), "{hello}");
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("the peer speaks exchange version 9, this build speaks 1"),
+        err.contains("the peer speaks exchange version 9, this build speaks 2"),
         "{err}"
     );
 }

@@ -18,7 +18,7 @@ use serde_json::json;
 use std::fmt;
 use std::net::{IpAddr, TcpListener};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use backend::Transport;
 pub use run::{BwResult, LatResult};
@@ -136,6 +136,15 @@ pub struct PerfConfig {
     pub ib_port: u8,
     /// Verbs: the GID index of the local address (RoCEv2 GIDs are often 1 or 3).
     pub gid_index: u8,
+    /// Bytes of buffers one end may register for a phase, all connections and workers
+    /// together (`--max-memory`): a peer cannot make this end take more.
+    pub max_memory: u64,
+    /// Server: serve one client and exit, as perftest does (`--once`); otherwise a server that
+    /// loses or finishes a client goes back to waiting.
+    pub once: bool,
+    /// Send data to whatever address the peer names, not only to the address its control
+    /// connection comes from (`--allow-data-redirect`; for a data path on another interface).
+    pub allow_data_redirect: bool,
 }
 
 impl PerfConfig {
@@ -171,6 +180,9 @@ impl PerfConfig {
             device: None,
             ib_port: 1,
             gid_index: 0,
+            max_memory: DEFAULT_MAX_MEMORY,
+            once: false,
+            allow_data_redirect: false,
         }
     }
 
@@ -202,6 +214,16 @@ pub enum PerfError {
     Mismatch(String),
     /// A parameter is out of range.
     Invalid(String),
+    /// A phase would take more memory than `--max-memory` allows.
+    Memory {
+        /// Bytes the phase needs.
+        need: u64,
+        /// Bytes allowed.
+        cap: u64,
+    },
+    /// A connection came and went without becoming a session (no valid hello in time): a port
+    /// scanner, a stranger, another protocol. A server goes on waiting, also with `--once`.
+    NoSession(OobError),
 }
 
 impl fmt::Display for PerfError {
@@ -215,6 +237,14 @@ impl fmt::Display for PerfError {
             PerfError::Stalled(m) => write!(f, "stalled: {m}"),
             PerfError::Mismatch(m) => write!(f, "{m}"),
             PerfError::Invalid(m) => write!(f, "{m}"),
+            PerfError::Memory { need, cap } => write!(
+                f,
+                "the phase needs {} MiB of buffers, more than the {} MiB allowed \
+                 (--max-memory on the end that refused)",
+                need.div_ceil(1 << 20),
+                cap >> 20
+            ),
+            PerfError::NoSession(e) => write!(f, "no session: {e}"),
         }
     }
 }
@@ -386,6 +416,19 @@ pub(crate) const ALL_ACCESS: Access = Access::LOCAL_WRITE
 /// Buffer bytes per connection at most.
 const BUF_BYTES: usize = 64 << 20;
 
+/// `--max-memory`'s default: what the largest default phases need (two 64 MiB buffer sets, and
+/// send-bw's receive buffers), with room.
+pub const DEFAULT_MAX_MEMORY: u64 = 1 << 30;
+/// Time allowed for each message of the set-up.
+const MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time allowed for the whole set-up, workers included.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Time allowed between phases (the other end may be filling large buffers; its heartbeat
+/// shows it is alive meanwhile).
+pub(crate) const PHASE_GAP: Duration = Duration::from_secs(60);
+/// Longest `-D` a peer may ask for.
+const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
+
 /// Slots (distinct message buffers) per connection for a phase.
 pub(crate) fn slots_for(size: usize, iters: u64, qps: u32, duration: bool) -> usize {
     let cap = (BUF_BYTES / qps.max(1) as usize / size.max(1)).max(1);
@@ -480,6 +523,14 @@ fn validate(cfg: &PerfConfig) -> Result<(), PerfError> {
     if cfg.tx_depth == 0 {
         return Err(PerfError::Invalid("-t must be at least 1".into()));
     }
+    if cfg.window == 0 || cfg.window > 255 {
+        return Err(PerfError::Invalid(
+            "the window must be 1 to 255 packets".into(),
+        ));
+    }
+    if cfg.duration.is_some_and(|d| d > MAX_DURATION) {
+        return Err(PerfError::Invalid("-D must be at most 24 hours".into()));
+    }
     if cfg.transport == Transport::Verbs && cfg.pcap.is_some() {
         return Err(PerfError::Invalid(
             "--pcap captures the UDP transport; over verbs use the NIC's own capture (ibdump, \
@@ -498,8 +549,11 @@ pub fn run_client(
     mut on_report: impl FnMut(&Report),
 ) -> Result<Vec<Report>, PerfError> {
     validate(cfg)?;
+    // The workers of one client show the server the same session number, so that nobody else
+    // can join the session as a worker.
+    let session = crate::udp::random_u64();
     if cfg.threads <= 1 {
-        return run_client_one(cfg, 1, on_report);
+        return run_client_one(cfg, 1, session, on_report);
     }
     let t = cfg.threads;
     let workers: Vec<_> = (0..t)
@@ -507,12 +561,13 @@ pub fn run_client(
             let mut c = cfg.clone();
             c.qps = cfg.qps / t + u32::from(w < cfg.qps % t);
             c.threads = 1;
+            c.max_memory = cfg.max_memory / u64::from(t);
             c.progress = cfg.progress && w == 0;
             c.publish_stats = cfg.publish_stats && w == 0;
             std::thread::Builder::new()
                 .name(format!("worker{w}"))
                 .stack_size(64 << 20)
-                .spawn(move || run_client_one(&c, t, |_| {}))
+                .spawn(move || run_client_one(&c, t, session, |_| {}))
         })
         .collect::<Result<_, _>>()
         .map_err(|e| PerfError::Invalid(format!("cannot start a worker thread: {e}")))?;
@@ -541,9 +596,29 @@ pub fn run_client(
     Ok(merged)
 }
 
+/// The peer's data address, which must be the address its control connection comes from
+/// (unless `--allow-data-redirect`): a peer cannot have this end send its data to a third host.
+fn check_data_address(cfg: &PerfConfig, chan: &Channel, data: &str) -> Result<(), PerfError> {
+    if cfg.transport != Transport::Udp || cfg.allow_data_redirect {
+        return Ok(());
+    }
+    let addr: std::net::SocketAddr = data
+        .parse()
+        .map_err(|_| OobError::Field(format!("data address {data:?}")))?;
+    let peer = chan.peer_addr().map_err(OobError::Io)?.ip().to_canonical();
+    if addr.ip().to_canonical() != peer {
+        return Err(PerfError::Mismatch(format!(
+            "the peer asks for its data at {addr}, but its control connection comes from {peer} \
+             (--allow-data-redirect on this end permits a data path on another address)"
+        )));
+    }
+    Ok(())
+}
+
 fn run_client_one(
     cfg: &PerfConfig,
     workers: u32,
+    session: u64,
     mut on_report: impl FnMut(&Report),
 ) -> Result<Vec<Report>, PerfError> {
     validate(cfg)?;
@@ -562,17 +637,20 @@ fn run_client_one(
         .with("paths", cfg.paths)
         .with("window", cfg.window)
         .with("busy", u8::from(cfg.busy_poll))
-        .with("workers", workers);
+        .with("workers", workers)
+        .with("session", session);
     if let Some(d) = cfg.duration {
         hello = hello.with("duration_ms", d.as_millis());
     }
     chan.send(&hello)?;
-    let reply = chan.expect("hello", Some(Duration::from_secs(10)))?;
+    let reply = chan.expect("hello", Some(MESSAGE_TIMEOUT))?;
     let (peer_data, peer_qps) = (reply.text("data")?, reply.text("qp")?);
+    check_data_address(cfg, &chan, peer_data)?;
     let ep = Endpoint::open(cfg, local_ip, true)?;
     let (data, qps) = ep.local_info();
     chan.send(&Message::new("qps").with("data", data).with("qp", qps))?;
     ep.connect(peer_data, peer_qps)?;
+    chan.start_heartbeat()?;
     let mut reports = Vec::new();
     for size in cfg.sizes() {
         let r = run::client_phase(cfg, &ep, &mut chan, size)?;
@@ -631,40 +709,72 @@ impl Served {
     }
 }
 
+/// Most worker connections one client may run.
+const MAX_WORKERS: u32 = 64;
+
 /// Runs the server side for one client on `listener` (and, when the client runs several worker
 /// threads, for each of its workers, each in a thread with its own device).
+///
+/// A connection that sends no valid hello within the set-up time is answered with an error and
+/// returned as [`PerfError::NoSession`]; so is one whose hello asks for what this server cannot
+/// give. Every failure after that is the session's.
 pub fn serve_one(cfg: &PerfConfig, listener: &TcpListener) -> Result<Served, PerfError> {
     let mut chan = Channel::accept(listener)?;
-    let hello = match chan.expect("hello", Some(Duration::from_secs(30))) {
+    let setup_until = Instant::now() + SETUP_TIMEOUT;
+    let hello = match chan.expect("hello", Some(MESSAGE_TIMEOUT)) {
         Ok(h) => h,
         Err(e) => {
             chan.send_error(&e.to_string());
-            return Err(e.into());
+            return Err(PerfError::NoSession(e));
         }
     };
     let workers: u32 = hello.get("workers").unwrap_or(1);
-    if workers <= 1 {
-        return serve_logged(cfg, chan, hello);
+    if workers == 0 || workers > MAX_WORKERS {
+        let e = format!("workers={workers}: 1 to {MAX_WORKERS}");
+        chan.send_error(&e);
+        return Err(PerfError::NoSession(OobError::Field(e)));
     }
-    if workers > 64 {
-        chan.send_error("at most 64 workers");
-        return Err(PerfError::Invalid(format!("{workers} workers asked")));
+    if workers == 1 {
+        return serve_logged(cfg, chan, hello, 1, setup_until);
+    }
+    // The other workers: connections from the same host that name the same session, until all
+    // have come or the set-up time is over; anybody else is told the server is busy.
+    let session: u64 = hello.get("session")?;
+    let peer_ip = chan.peer_addr().map_err(OobError::Io)?.ip().to_canonical();
+    let mut joined = vec![(chan, hello)];
+    while joined.len() < workers as usize {
+        let mut c = match Channel::accept_until(listener, setup_until) {
+            Ok(c) => c,
+            Err(e) => {
+                for (c, _) in &mut joined {
+                    c.send_error(&format!("not every worker came: {e}"));
+                }
+                return Err(PerfError::Oob(e));
+            }
+        };
+        let same_host = c
+            .peer_addr()
+            .is_ok_and(|a| a.ip().to_canonical() == peer_ip);
+        let left = setup_until.saturating_duration_since(Instant::now());
+        match c.expect("hello", Some(left.min(MESSAGE_TIMEOUT))) {
+            Ok(h) if same_host && h.get::<u64>("session").ok() == Some(session) => {
+                joined.push((c, h))
+            }
+            Ok(_) => c.send_error("busy: this server is serving another client"),
+            Err(e) => c.send_error(&e.to_string()),
+        }
     }
     let mut threads = Vec::new();
-    let spawn = |chan: Channel, hello: Message, w: u32| {
+    for (w, (chan, hello)) in joined.into_iter().enumerate() {
         let mut c = cfg.clone();
         c.publish_stats = cfg.publish_stats && w == 0;
-        std::thread::Builder::new()
-            .name(format!("server{w}"))
-            .stack_size(64 << 20)
-            .spawn(move || serve_logged(&c, chan, hello))
-            .map_err(|e| PerfError::Invalid(format!("cannot start a worker thread: {e}")))
-    };
-    threads.push(spawn(chan, hello, 0)?);
-    for w in 1..workers {
-        let mut chan = Channel::accept(listener)?;
-        let hello = chan.expect("hello", Some(Duration::from_secs(30)))?;
-        threads.push(spawn(chan, hello, w)?);
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("server{w}"))
+                .stack_size(64 << 20)
+                .spawn(move || serve_logged(&c, chan, hello, workers, setup_until))
+                .map_err(|e| PerfError::Invalid(format!("cannot start a worker thread: {e}")))?,
+        );
     }
     let mut parts = Vec::new();
     for t in threads {
@@ -676,8 +786,14 @@ pub fn serve_one(cfg: &PerfConfig, listener: &TcpListener) -> Result<Served, Per
     Ok(Served::sum(parts))
 }
 
-fn serve_logged(cfg: &PerfConfig, mut chan: Channel, hello: Message) -> Result<Served, PerfError> {
-    let r = serve_channel(cfg, &mut chan, hello);
+fn serve_logged(
+    cfg: &PerfConfig,
+    mut chan: Channel,
+    hello: Message,
+    workers: u32,
+    setup_until: Instant,
+) -> Result<Served, PerfError> {
+    let r = serve_channel(cfg, &mut chan, hello, workers, setup_until);
     if let Err(e) = &r {
         chan.send_error(&e.to_string());
     }
@@ -688,6 +804,8 @@ fn serve_channel(
     cfg: &PerfConfig,
     chan: &mut Channel,
     hello: Message,
+    workers: u32,
+    setup_until: Instant,
 ) -> Result<Served, PerfError> {
     let test_name = hello.text("test")?;
     let test = Test::from_name(test_name)
@@ -708,26 +826,30 @@ fn serve_channel(
         )));
     }
     let mut mine = cfg.clone();
-    // The client decides how many workers there are; each server thread serves one of them.
+    // The client decides how many workers there are; each server thread serves one of them,
+    // with its share of the memory.
     mine.threads = 1;
+    mine.max_memory = cfg.max_memory / u64::from(workers.max(1));
     mine.qps = hello.get("qps")?;
     mine.paths = hello.get("paths")?;
     mine.window = hello.get("window")?;
-    mine.duration = hello
-        .get::<u64>("duration_ms")
-        .ok()
-        .map(Duration::from_millis);
+    mine.duration = match hello.text("duration_ms") {
+        Ok(_) => Some(Duration::from_millis(hello.get("duration_ms")?)),
+        Err(_) => None,
+    };
     validate(&mine)?;
     let local_ip = cfg
         .bind
         .unwrap_or(chan.local_addr().map_err(OobError::Io)?.ip().to_canonical());
     // Several workers share the host: the first takes the data port, the others any port.
-    let workers: u32 = hello.get("workers").unwrap_or(1);
     let ep = Endpoint::open(&mine, local_ip, workers > 1)?;
     let (data, qps) = ep.local_info();
     chan.send(&Message::new("hello").with("data", data).with("qp", qps))?;
-    let qps = chan.expect("qps", Some(Duration::from_secs(30)))?;
+    let left = setup_until.saturating_duration_since(Instant::now());
+    let qps = chan.expect("qps", Some(left.min(MESSAGE_TIMEOUT)))?;
+    check_data_address(&mine, chan, qps.text("data")?)?;
     ep.connect(qps.text("data")?, qps.text("qp")?)?;
+    chan.start_heartbeat()?;
     let mut served = Served {
         test,
         phases: 0,
@@ -736,7 +858,7 @@ fn serve_channel(
         stats: serde_json::Value::Null,
     };
     loop {
-        let m = chan.recv(None)?;
+        let m = run::next_message(&ep, chan, PHASE_GAP)?;
         match m.verb.as_str() {
             "go" => {
                 let (ok, bytes) = run::server_phase(&mine, &ep, chan, &m)?;

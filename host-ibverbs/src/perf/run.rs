@@ -5,7 +5,7 @@ use super::{
     decode_bufs, encode_bufs, pattern, slots_for, Endpoint, Mr, PerfConfig, PerfError, RemoteBuf,
     Report, Test,
 };
-use crate::oob::{Channel, Message};
+use crate::oob::{Channel, Message, OobError};
 use crate::udp::{stats, CompletionKind, RemoteAddr, Status, WorkCompletion, WrOp, STREAMS};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::thread::JoinHandle;
@@ -235,15 +235,91 @@ fn matches(mr: &Mr, offset: usize, tmp: &mut [u8], seed: u64, q: usize, slot: us
     mr.equals(offset, tmp)
 }
 
-/// Waits for the peer's next message while keeping the transport going (acknowledgements and
-/// retransmissions still flow while the other end works).
-fn next_message(ep: &Endpoint, chan: &mut Channel) -> Result<Message, PerfError> {
+/// Waits up to `timeout` for the peer's next message while keeping the transport going
+/// (acknowledgements and retransmissions still flow while the other end works). A peer that
+/// closes, reports an error or goes silent ends the wait at once.
+pub(super) fn next_message(
+    ep: &Endpoint,
+    chan: &mut Channel,
+    timeout: Duration,
+) -> Result<Message, PerfError> {
+    let end = Instant::now() + timeout;
     loop {
         ep.progress(Duration::from_millis(1));
         if let Some(m) = chan.poll()? {
             return Ok(m);
         }
+        if Instant::now() >= end {
+            return Err(OobError::TimedOut(timeout).into());
+        }
     }
+}
+
+/// Looks at the control connection now and then from a loop that spins (every 64th call, at
+/// most every 2 ms): the peer's error, its close, its silence or anything unexpected from it
+/// ends the phase.
+struct Watch {
+    calls: u32,
+    last: Instant,
+}
+
+impl Watch {
+    fn new() -> Watch {
+        Watch {
+            calls: 0,
+            last: Instant::now(),
+        }
+    }
+
+    fn tick(&mut self, chan: &mut Channel) -> Result<(), PerfError> {
+        self.calls = self.calls.wrapping_add(1);
+        if self.calls % 64 != 0 {
+            return Ok(());
+        }
+        let now = Instant::now();
+        if now - self.last < Duration::from_millis(2) {
+            return Ok(());
+        }
+        self.last = now;
+        match chan.poll()? {
+            None => Ok(()),
+            Some(m) => Err(PerfError::Invalid(format!(
+                "unexpected {} from the peer during a phase",
+                m.verb
+            ))),
+        }
+    }
+}
+
+/// Bytes of buffers one end registers for a phase of `test` with `q` connections: its own
+/// pattern and the peer's target per connection, and the receive buffers (send-bw's are the
+/// most: up to [`STREAMS`] x 32 per connection).
+pub(super) fn phase_bytes(test: Test, q: usize, slots: usize, size: usize) -> u64 {
+    let q = q as u64;
+    let bufs = 2 * q * (slots as u64 * size as u64).max(8);
+    let recvs = recv_count(test, q as usize, size) as u64 * size as u64 * q;
+    bufs + recvs
+}
+
+/// Receive buffers per connection for a phase.
+fn recv_count(test: Test, q: usize, size: usize) -> usize {
+    match test {
+        Test::SendBw => ((64usize << 20) / q.max(1) / size.max(1)).clamp(STREAMS, STREAMS * 32),
+        Test::SendLat | Test::WriteLat => LAT_RECVS,
+        _ => 0,
+    }
+}
+
+/// Refuses a phase whose buffers exceed the memory this end allows.
+fn check_memory(cfg: &PerfConfig, q: usize, slots: usize, size: usize) -> Result<(), PerfError> {
+    let need = phase_bytes(cfg.test, q, slots, size);
+    if need > cfg.max_memory {
+        return Err(PerfError::Memory {
+            need,
+            cap: cfg.max_memory,
+        });
+    }
+    Ok(())
 }
 
 /// The client's side of one phase.
@@ -254,6 +330,7 @@ pub(super) fn client_phase(
     size: usize,
 ) -> Result<Report, PerfError> {
     let slots = slots_for(size, cfg.iters, cfg.qps, cfg.duration.is_some());
+    check_memory(cfg, ep.len(), slots, size)?;
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
@@ -270,7 +347,7 @@ pub(super) fn client_phase(
             .with("src", encode_bufs(&bufs.src)),
     )?;
     // The server may be filling buffers of many megabytes.
-    let ready = next_message(ep, chan)?;
+    let ready = next_message(ep, chan, super::PHASE_GAP)?;
     if ready.verb != "ready" {
         return Err(PerfError::Invalid(format!(
             "expected ready, got {}",
@@ -303,9 +380,9 @@ pub(super) fn client_phase(
         seed,
     };
     let report = if cfg.test.is_latency() {
-        Report::Lat(client_lat(cfg, ep, &ph, &mut publisher)?)
+        Report::Lat(client_lat(cfg, ep, chan, &ph, &mut publisher)?)
     } else {
-        let (mut r, counts) = client_bw(cfg, ep, &ph, &mut publisher)?;
+        let (mut r, counts) = client_bw(cfg, ep, chan, &ph, &mut publisher)?;
         let after = ep.conn_counters();
         let added = |f: fn(&transport_core::conn::Counters) -> u64| -> u64 {
             after.iter().map(f).sum::<u64>() - before.iter().map(f).sum::<u64>()
@@ -323,7 +400,7 @@ pub(super) fn client_phase(
             .collect::<Vec<_>>()
             .join(",");
         chan.send(&Message::new("done").with("counts", counts_s))?;
-        let result = next_message(ep, chan)?;
+        let result = next_message(ep, chan, super::PHASE_GAP)?;
         let server_ok = result.get::<u8>("verified")? == 1;
         if cfg.test == Test::ReadBw {
             let mut tmp = vec![0u8; size];
@@ -338,7 +415,7 @@ pub(super) fn client_phase(
         return Ok(Report::Bw(r));
     };
     chan.send(&Message::new("done").with("counts", cfg.iters))?;
-    let result = next_message(ep, chan)?;
+    let result = next_message(ep, chan, super::PHASE_GAP)?;
     let server_ok = result.get::<u8>("verified")? == 1;
     Ok(match report {
         Report::Lat(mut l) => {
@@ -363,6 +440,7 @@ struct Phase<'a> {
 fn client_bw(
     cfg: &PerfConfig,
     ep: &Endpoint,
+    chan: &mut Channel,
     ph: &Phase<'_>,
     publisher: &mut Publisher,
 ) -> Result<(BwResult, Vec<u64>), PerfError> {
@@ -385,7 +463,9 @@ fn client_bw(
     // Bytes completed per 1 ms bucket, for the peak.
     let mut buckets: Vec<u64> = Vec::new();
     let mut wcs = Vec::with_capacity(256);
+    let mut watch = Watch::new();
     loop {
+        watch.tick(chan)?;
         let now = Instant::now();
         let elapsed = now - start;
         let stop = cfg.duration.is_some_and(|d| elapsed >= d);
@@ -495,6 +575,7 @@ const LAT_RECVS: usize = 16;
 fn client_lat(
     cfg: &PerfConfig,
     ep: &Endpoint,
+    chan: &mut Channel,
     ph: &Phase<'_>,
     publisher: &mut Publisher,
 ) -> Result<LatResult, PerfError> {
@@ -519,6 +600,7 @@ fn client_lat(
     let mut verified = true;
     let mut wcs = Vec::new();
     let mut outstanding_sends = 0u64;
+    let mut watch = Watch::new();
     for i in 0..cfg.iters {
         let slot = (i % slots as u64) as usize;
         let (op, local, remote) = match cfg.test {
@@ -576,6 +658,9 @@ fn client_lat(
                 break t;
             }
             spins = spins.wrapping_add(1);
+            if spins % 1024 == 0 {
+                watch.tick(chan)?;
+            }
             if spins % 1024 == 0 && t0.elapsed() > STALL {
                 return Err(PerfError::Stalled(format!(
                     "no answer to ping {i} for {} s; counters {}",
@@ -586,6 +671,7 @@ fn client_lat(
         };
         samples.push(t.as_nanos() as f64 / 1000.0);
         publisher.tick(ep);
+        watch.tick(chan)?;
     }
     // Let the last Writes and Sends be acknowledged.
     let end = Instant::now() + Duration::from_secs(5);
@@ -651,24 +737,38 @@ pub(super) fn server_phase(
     go: &Message,
 ) -> Result<(bool, u64), PerfError> {
     let size: usize = go.get("size")?;
+    let iters: u64 = go.get("iters")?;
     let slots: usize = go.get("slots")?;
     let seed: u64 = go.get("seed")?;
-    if size == 0 || size > (1 << 30) || slots == 0 || slots.saturating_mul(size) > (1 << 31) {
+    let q = ep.len();
+    // Every number the client sends is checked before anything is allocated: the slots are
+    // the ones its parameters give, the buffers fit this end's memory cap, and its buffer list
+    // names one buffer per connection, each large enough.
+    if size == 0 || size > (1 << 30) || iters == 0 {
         return Err(PerfError::Invalid(format!(
-            "size {size} with {slots} slots"
+            "size {size} with {iters} iterations"
         )));
     }
+    let expected = slots_for(size, iters, cfg.qps, cfg.duration.is_some());
+    if slots != expected {
+        return Err(PerfError::Mismatch(format!(
+            "{slots} slots of {size} bytes asked; these parameters give {expected}"
+        )));
+    }
+    check_memory(cfg, q, slots, size)?;
     let client_dst = decode_bufs(go.text("dst")?)?;
+    let need = (slots * size) as u64;
+    if client_dst.len() != q || client_dst.iter().any(|b| b.len < need) {
+        return Err(PerfError::Mismatch(format!(
+            "the client's buffers do not hold {slots} slots of {size} bytes for each of {q} \
+             connections"
+        )));
+    }
     let sseed = server_seed(seed);
     let bufs = buffers(ep, slots, size, sseed)?;
-    let q = ep.len();
     let streams = ep.streams();
     // Receive buffers.
-    let recv_count = match cfg.test {
-        Test::SendBw => ((64usize << 20) / q / size).clamp(STREAMS, STREAMS * 32),
-        Test::SendLat | Test::WriteLat => LAT_RECVS,
-        _ => 0,
-    };
+    let recv_count = recv_count(cfg.test, q, size);
     let mut rbufs = Vec::new();
     for i in 0..q {
         if recv_count == 0 {
@@ -761,11 +861,18 @@ pub(super) fn server_phase(
                     if m.verb != "done" {
                         return Err(PerfError::Invalid(format!("expected done, got {}", m.verb)));
                     }
-                    let counts: Vec<u64> = m
+                    let counts = m
                         .text("counts")?
                         .split(',')
-                        .map(|c| c.parse().unwrap_or(0))
-                        .collect();
+                        .map(|c| c.parse::<u64>())
+                        .collect::<Result<Vec<u64>, _>>()
+                        .map_err(|_| OobError::Field(format!("counts {:?}", m.text("counts"))))?;
+                    if counts.len() != if cfg.test.is_latency() { 1 } else { q } {
+                        return Err(PerfError::Mismatch(format!(
+                            "{} counts for {q} connections",
+                            counts.len()
+                        )));
+                    }
                     done_counts = Some(counts);
                     done_at = Some(Instant::now());
                 }

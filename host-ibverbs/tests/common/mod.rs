@@ -121,7 +121,7 @@ pub fn pair(
             .stderr(Stdio::piped());
         cmd.spawn().expect("spawn metaroce")
     };
-    let mut sargs = vec!["-p", port.as_str(), "--json"];
+    let mut sargs = vec!["-p", port.as_str(), "--json", "--once"];
     sargs.extend_from_slice(server_args);
     let mut server = spawn(server_prefix, sargs);
     // Wait for the banner, keeping what came before it.
