@@ -482,7 +482,17 @@ pub fn run_devices(json: bool) -> ExitCode {
 
 /// `metaroce stats`.
 pub fn run_stats(pid: Option<u32>, json: bool) -> ExitCode {
-    let snaps = stats::collect(pid);
+    let found = match stats::collect(pid) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("metaroce: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    for s in &found.skipped {
+        eprintln!("metaroce: warning: {s}");
+    }
+    let snaps = found.snapshots;
     if snaps.is_empty() {
         eprintln!(
             "metaroce: no running endpoint{} publishes statistics in {}",

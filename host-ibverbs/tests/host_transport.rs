@@ -237,7 +237,9 @@ fn the_capture_is_read_by_tshark_as_rocev2_and_by_decode_with_good_icrcs() {
 #[test]
 fn stats_shows_running_endpoints() {
     let scratch = ScratchDir::new("run");
-    let dir = &scratch.0;
+    // A directory the tools create themselves: the scratch directory is open to others (0755)
+    // and would be refused.
+    let dir = scratch.0.join("stats");
     let dir_s = dir.to_str().unwrap().to_string();
     let env = [("METAROCE_RUN_DIR", dir_s.as_str())];
     let watcher = {
@@ -318,6 +320,46 @@ fn stats_shows_running_endpoints() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no running endpoint"));
+}
+
+#[test]
+fn stats_refuses_an_open_directory_and_warns_of_an_oversized_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let scratch = ScratchDir::new("stats-dir");
+    let dir = scratch.0.join("stats");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let stats = || {
+        Command::new(bin())
+            .args(["stats"])
+            .env("METAROCE_RUN_DIR", &dir)
+            .output()
+            .unwrap()
+    };
+    let out = stats();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "refusing the stats directory {}: mode 0755",
+            dir.display()
+        )),
+        "{err}"
+    );
+    // Private now; a file too large for a snapshot, named after a live process (this one).
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let big = dir.join(format!("{}.json", std::process::id()));
+    std::fs::write(&big, vec![b' '; 2 << 20]).unwrap();
+    let out = stats();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "warning: skipping {}: 2097152 bytes",
+            big.display()
+        )) && err.contains("no running endpoint"),
+        "{err}"
+    );
 }
 
 #[test]

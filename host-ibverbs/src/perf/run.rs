@@ -209,7 +209,7 @@ impl Publisher {
                 let name = self.name.clone();
                 let handle = std::thread::spawn(move || {
                     for parts in rx {
-                        let _ = stats::publish(&parts.to_json(&name));
+                        stats::publish_best_effort(&parts.to_json(&name));
                     }
                 });
                 (tx, handle)
