@@ -621,3 +621,112 @@ fn an_idle_wait_sleeps_unless_busy_polling() {
         }
     }
 }
+
+/// A forger on the peers' host who knows the queue pair number and the initial PSN (a local
+/// user who could read the counters of running endpoints learned both) floods A with NACKs
+/// ("invalid rkey") for every PSN in flight on every path, and with ACKs claiming all of it
+/// arrived, from its own port while A's packets are in flight: nothing is refused or completed
+/// early, and every byte lands.
+#[test]
+fn forged_nacks_and_acks_for_every_psn_in_flight_change_nothing() {
+    use transport_core::wire::metaroce::{MrAckRepr, MrNackRepr, NackReason, SACK_BITS};
+    use transport_core::wire::{BthRepr, Extensions, Opcode, Psn, Qpn};
+    let attr = QpAttr::default();
+    let (a, qa, b, _qb) = pair(&attr);
+    let rw = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+    let len = 1 << 20;
+    let src = a.pd.reg_mr(len, rw).unwrap();
+    let dst = b.pd.reg_mr(len, rw).unwrap();
+    let data = pattern(len, 11);
+    src.write(0, &data).unwrap();
+    let target = a.ctx.local_addr();
+    let (qpn, psn0) = (qa.qpn(), qa.info().psn);
+    let forger = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = forger.local_addr().unwrap().port();
+    let seal = |opcode: Opcode, psn: u32, ext: Extensions| {
+        let bth = BthRepr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            tver: 0,
+            pkey: 0xffff,
+            fecn: false,
+            becn: false,
+            dest_qp: Qpn::new(qpn),
+            ack_req: false,
+            psn: Psn::new(psn & 0xff_ffff),
+        };
+        let mut buf = vec![0u8; 128];
+        let rest = bth.emit(&mut buf).unwrap();
+        let n = 128 - ext.emit(opcode.layout(), rest).unwrap().len();
+        let icrc = transport_core::conn::compute_icrc(
+            target.ip(),
+            target.ip(),
+            port,
+            target.port(),
+            &buf[..n],
+        );
+        buf[n..n + 4].copy_from_slice(&icrc.to_le_bytes());
+        buf.truncate(n + 4);
+        buf
+    };
+    let n = 16;
+    for i in 0..n {
+        let off = i * (len / n);
+        qa.post_send(&SendWr {
+            wr_id: i as u64,
+            op: WrOp::Write,
+            stream: 0,
+            local: src.sge(off, len / n),
+            remote: dst.remote(off as u64),
+        })
+        .unwrap();
+    }
+    // A's first window is out; B has not answered. The flood, with A taking it as it comes.
+    let mut sent = 0u64;
+    for k in 0..256u32 {
+        let psn = psn0.wrapping_add(k);
+        for path in 0..8u8 {
+            for guess in [0u32, k, k / 8] {
+                let nack = Extensions::MrNack(MrNackRepr {
+                    path_id: path,
+                    reason: NackReason::InvalidRkey,
+                    path_seq: guess,
+                    stream_id: 0,
+                    msn: 0,
+                });
+                forger
+                    .send_to(&seal(Opcode::MrNack, psn, nack), target)
+                    .unwrap();
+                let ack = Extensions::MrAck(MrAckRepr {
+                    ece: false,
+                    refusals: false,
+                    path_id: path,
+                    ce_count: 0,
+                    cum_seq: guess,
+                    ts_echo: 0,
+                    ack_delay: 0,
+                    rate_hint: 0,
+                    sack: [0xff; SACK_BITS / 8],
+                });
+                forger
+                    .send_to(&seal(Opcode::MrAck, psn0.wrapping_add(256), ack), target)
+                    .unwrap();
+                sent += 2;
+            }
+        }
+        a.ctx.progress(Duration::ZERO);
+    }
+    let end = Instant::now() + Duration::from_millis(100);
+    while Instant::now() < end {
+        a.ctx.progress(Duration::from_millis(5));
+    }
+    let c = qa.counters();
+    assert_eq!(c.nacks_received, 0, "{c:?}");
+    let dropped = c.drop_wrong_port + c.drop_bad_ack + c.drop_bad_nack;
+    assert!(dropped > 0 && dropped <= sent, "{sent} forged, {c:?}");
+    let (wa, _) = pump(&a, &b, n, 0);
+    assert!(wa.iter().all(|w| w.status == Status::Success), "{wa:?}");
+    assert_eq!(dst.to_vec(), data, "every byte landed");
+}
