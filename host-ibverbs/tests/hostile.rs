@@ -216,7 +216,7 @@ fn a_hello_a_byte_at_a_time_is_cut_at_its_deadline() {
         slow.stream.set_nonblocking(true).unwrap();
         let r = slow.stream.peek(&mut probe);
         slow.stream.set_nonblocking(false).unwrap();
-        if matches!(r, Ok(_)) {
+        if r.is_ok() {
             closed_at = Some(start.elapsed());
             break;
         }
