@@ -1673,11 +1673,18 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// Whether an ACK for path `i` names only what was sent: its cumulative point among the
     /// path's last numbers sent (or at the next one), every bit of its bitvector below the next
     /// number, and a cumulative PSN not past the next PSN.
-    fn ack_is_consistent(&self, i: usize, cum_psn: Psn, ack: &MrAckRepr) -> bool {
+    /// `highest_bit` is the ACK's highest SACK bit.
+    fn ack_is_consistent(
+        &self,
+        i: usize,
+        cum_psn: Psn,
+        ack: &MrAckRepr,
+        highest_bit: Option<usize>,
+    ) -> bool {
         let p = &self.paths[i];
         let behind = p.next_seq.diff(PathSeq(ack.cum_seq));
         let cum_ok = behind == 0 || self.was_sent(i, PathSeq(ack.cum_seq));
-        let bits_ok = highest_sack_bit(&ack.sack).is_none_or(|b| (b as i64) + 1 < behind as i64);
+        let bits_ok = highest_bit.is_none_or(|b| (b as i64) + 1 < behind as i64);
         cum_ok && bits_ok && psn_diff(cum_psn, self.nxt) <= 0
     }
 
@@ -1696,7 +1703,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if !self.on_path_port(i, src_port) {
             return Err(DropReason::WrongPort);
         }
-        if !self.ack_is_consistent(i, cum_psn, ack) {
+        let highest_bit = highest_sack_bit(&ack.sack);
+        if !self.ack_is_consistent(i, cum_psn, ack, highest_bit) {
             self.counters.drop_bad_ack += 1;
             return Err(DropReason::Inconsistent);
         }
@@ -1706,7 +1714,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let cum = PathSeq(ack.cum_seq);
         let (una, next) = (self.paths[i].una, self.paths[i].next_seq);
         // The highest transmission this ACK reports as arrived.
-        let highest = match highest_sack_bit(&ack.sack) {
+        let highest = match highest_bit {
             Some(bit) => cum.add(1 + bit as u32),
             None => cum.add(u32::MAX), // cum - 1
         };
