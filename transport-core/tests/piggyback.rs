@@ -327,3 +327,54 @@ fn a_carried_ack_is_taken_after_the_answer_as_of_its_arrival() {
     assert_eq!(done(&p.b.events, CompletionKind::Write), 1);
     assert!(p.a.conn.is_idle() && p.b.conn.is_idle());
 }
+
+/// The ACK of one path rides on a data packet of another, which comes from that other path's
+/// port: it is taken (checked against the port of the path that carried it), and it teaches no
+/// port, so the stand-alone ACKs of its own path are taken later too.
+#[test]
+fn an_ack_carried_on_another_paths_packet_is_taken() {
+    let mut p = Pair::new();
+    grant_both(&mut p);
+    let write = |id: u64, at: u64| WorkRequest {
+        id,
+        op: WrOp::Write,
+        stream: 0,
+        local_addr: BASE + 0x8000,
+        len: 64,
+        remote: RemoteAddr {
+            va: BASE + at,
+            rkey: KEY,
+        },
+    };
+    // B's first Write leaves on its path 0, A's on A's path 0; each arrives.
+    p.b.conn.post(p.now, write(1, 0)).unwrap();
+    p.doorbell(false);
+    p.a.conn.post(p.now, write(2, 0x100)).unwrap();
+    p.doorbell(true);
+    for (to_b, port, bytes) in std::mem::take(&mut p.wire) {
+        p.deliver(to_b, port, &bytes).unwrap();
+    }
+    // B's second Write goes on B's path 1 and carries the ACK of A's path 0.
+    p.b.conn.post(p.now, write(3, 0x200)).unwrap();
+    p.doorbell(false);
+    let wire = std::mem::take(&mut p.wire);
+    assert_eq!(wire.len(), 1);
+    let (to_b, port, bytes) = &wire[0];
+    assert!(!to_b && kind(bytes).1, "a data packet carrying an ACK");
+    assert_ne!(*port, p.b.conn.path_stats(0).unwrap().src_port);
+    p.deliver(false, *port, bytes).unwrap();
+    p.a.conn.handle_timeout(p.now);
+    let c = p.a.conn.counters();
+    assert_eq!((c.drop_wrong_port, c.acked), (0, 1), "{c:?}");
+    while let Some(e) = p.a.conn.poll_event() {
+        p.a.events.push(e);
+    }
+    assert!(p.a.events.iter().any(|e| matches!(
+        e,
+        Event::Completion(c) if c.id == 2 && c.status == Status::Success
+    )));
+    // The rest settles with the stand-alone ACKs of every path taken.
+    p.settle();
+    assert_eq!(p.a.conn.counters().drop_wrong_port, 0);
+    assert_eq!(p.b.conn.counters().drop_wrong_port, 0);
+}

@@ -429,7 +429,7 @@ pub struct Connection<
     response_ready: bool,
     /// The ACK the last data packet carried (flag A) and when it arrived: taken after that
     /// packet's own work and after the answer a runner sends at once (see `handle_datagram`).
-    carried: Option<(Instant, u16, Psn, MrAckRepr)>,
+    carried: Option<(Instant, AckOrigin, Psn, MrAckRepr)>,
     tx_streams: [TxStream; S],
     // Receiver.
     rx_paths: [RxPath; P],
@@ -437,6 +437,9 @@ pub struct Connection<
     rx_seen: [bool; W],
     rx_streams: [RxStream<Q>; S],
     nacks: [Option<PendingNack>; NACK_QUEUE],
+    /// The confirmation of the last fatal NACK that named nothing this end sent (a refusal of a
+    /// forged packet, or a forgery itself): one slot, whatever the number of such NACKs.
+    unverified_confirm: Option<PendingNack>,
     refusals: [Option<Refusal>; REFUSALS],
     /// How many entries of `refusals` are taken.
     refusals_held: u8,
@@ -537,6 +540,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 completed: 0,
             }; S],
             nacks: [None; NACK_QUEUE],
+            unverified_confirm: None,
             refusals: [None; REFUSALS],
             refusals_held: 0,
             acks_now: PathSet::default(),
@@ -1011,7 +1015,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     fn transmit_control_scan(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         let n = usize::from(self.cfg.paths);
         // NACKs first: they are rare and unblock the peer.
-        let mut pending = self.nacks.iter_mut().find_map(Option::take);
+        let mut pending = self
+            .nacks
+            .iter_mut()
+            .find_map(Option::take)
+            .or_else(|| self.unverified_confirm.take());
         if pending.is_none() {
             let next = now + self.cfg.refusal_resend;
             if let Some(r) = self
@@ -1149,7 +1157,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             let p = &self.paths[last];
             return p.next_seq == p.una;
         }
-        let Some((_, _, _, ack)) = &self.carried else {
+        let Some((.., ack)) = &self.carried else {
             return false;
         };
         usize::from(ack.path_id) == last
@@ -1404,7 +1412,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
         match view.ext {
             Extensions::MrAck(ack) => self
-                .on_ack(now, src_port, bth.psn, &ack)
+                .on_ack(now, AckOrigin::Own { src_port }, bth.psn, &ack)
                 .map(|()| Delivery::Nothing),
             Extensions::MrNack(nack) => self
                 .on_nack(now, src_port, bth.psn, &nack)
@@ -1416,7 +1424,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 Some(data) => {
                     if let Some(p) = view.piggy {
                         self.counters.acks_piggyback_received += 1;
-                        self.carried = Some((now, src_port, p.cum_psn, p.ack));
+                        let origin = AckOrigin::Carried {
+                            src_port,
+                            via_path: data.path_id,
+                        };
+                        self.carried = Some((now, origin, p.cum_psn, p.ack));
                     }
                     self.on_data(
                         now,
@@ -1557,7 +1569,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             self.counters.drop_other += 1;
             return Err(DropReason::UnknownPath);
         }
-        if !self.on_path_port(i, src_port) {
+        // A confirmation must name a held refusal exactly, which no port adds to; and the
+        // requester's path may have moved to a new port since (its confirmations go on the
+        // refused packet's path).
+        if nack.reason != NackReason::RefusalSeen && !self.on_path_port(i, src_port) {
             return Err(DropReason::WrongPort);
         }
         if nack.reason == NackReason::RefusalSeen {
@@ -1587,30 +1602,42 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             return Ok(());
         }
         let fatal = nack.reason != NackReason::ReceiverNotReady;
-        if fatal {
-            // As requester: confirm every fatal refusal from the path's port, also a repeated one
-            // (the previous confirmation may have been lost) and one of a packet this end never
-            // sent (a forgery the peer refused): the peer holds it, and flags every ACK, until
-            // confirmed. A confirmation acts only where it names a refusal held, so confirming a
-            // forged NACK costs nothing.
-            if let Some(slot) = self.nacks.iter_mut().find(|s| s.is_none()) {
-                *slot = Some(PendingNack {
-                    path: nack.path_id,
-                    psn,
-                    nack: MrNackRepr {
-                        reason: NackReason::RefusalSeen,
-                        ..*nack
-                    },
-                });
-                self.control_dirty = true;
-            }
-        }
         // The window cannot have passed a fatally refused PSN: it moves only on ACKs without the
         // refusals flag, which come after our confirmation. Just behind the window means a
-        // repeat whose confirmation was lost: confirmed above, nothing more.
+        // repeat whose confirmation was lost: confirmed again, nothing more.
         let in_window = self.in_tx_window(psn);
         let repeat = !in_window && fatal && (-(W as i32)..0).contains(&psn_diff(psn, self.una));
-        if !(in_window || repeat) || !self.was_sent(i, PathSeq(nack.path_seq)) {
+        let consistent = (in_window || repeat) && self.was_sent(i, PathSeq(nack.path_seq));
+        if fatal {
+            // As requester: confirm every fatal refusal, also a repeated one (the previous
+            // confirmation may have been lost), and also one of a packet this end never sent (a
+            // forgery the peer refused): the peer holds it, and flags every ACK, until confirmed.
+            // A confirmation acts only where it names a refusal exactly. The unverified ones share
+            // one slot, so that forged NACKs cannot crowd out the rest.
+            let confirm = PendingNack {
+                path: nack.path_id,
+                psn,
+                nack: MrNackRepr {
+                    reason: NackReason::RefusalSeen,
+                    ..*nack
+                },
+            };
+            if !consistent {
+                self.unverified_confirm = Some(confirm);
+                self.control_dirty = true;
+            } else if !self
+                .nacks
+                .iter()
+                .flatten()
+                .any(|q| q.psn == confirm.psn && q.nack == confirm.nack)
+            {
+                if let Some(slot) = self.nacks.iter_mut().find(|s| s.is_none()) {
+                    *slot = Some(confirm);
+                    self.control_dirty = true;
+                }
+            }
+        }
+        if !consistent {
             self.counters.drop_bad_nack += 1;
             return Err(DropReason::Inconsistent);
         }
@@ -1664,9 +1691,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 
     /// Takes the ACK the last data packet carried, if it has not been taken yet.
     fn settle_carried(&mut self) {
-        if let Some((at, src_port, cum_psn, ack)) = self.carried.take() {
+        if let Some((at, origin, cum_psn, ack)) = self.carried.take() {
             // A carried ACK that fails its checks is counted there; its packet stands.
-            let _ = self.on_ack(at, src_port, cum_psn, &ack);
+            let _ = self.on_ack(at, origin, cum_psn, &ack);
         }
     }
 
@@ -1691,7 +1718,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     fn on_ack(
         &mut self,
         now: Instant,
-        src_port: u16,
+        origin: AckOrigin,
         cum_psn: Psn,
         ack: &MrAckRepr,
     ) -> Result<(), DropReason> {
@@ -1700,7 +1727,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             self.counters.drop_other += 1;
             return Err(DropReason::UnknownPath);
         }
-        if !self.on_path_port(i, src_port) {
+        // An ACK of its own comes from the port of the path it acknowledges; a carried one rides
+        // on a data packet of any path, from that path's port.
+        let (port_path, src_port) = match origin {
+            AckOrigin::Own { src_port } => (i, src_port),
+            AckOrigin::Carried { src_port, via_path } => (usize::from(via_path), src_port),
+        };
+        if port_path >= usize::from(self.cfg.paths) || !self.on_path_port(port_path, src_port) {
             return Err(DropReason::WrongPort);
         }
         let highest_bit = highest_sack_bit(&ack.sack);
@@ -1708,7 +1741,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             self.counters.drop_bad_ack += 1;
             return Err(DropReason::Inconsistent);
         }
-        self.rx_paths[i].peer_port = Some(src_port);
+        if let AckOrigin::Own { src_port } = origin {
+            self.rx_paths[i].peer_port = Some(src_port);
+        }
         self.counters.ecn_marks_echoed += u64::from(ack.ce_count);
         self.paths[i].stats.ecn_marks += u64::from(ack.ce_count);
         let cum = PathSeq(ack.cum_seq);
@@ -1720,6 +1755,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         };
         let mut newly_acked = false;
         let mut acked_now = 0u32;
+        // When the oldest transmission this ACK newly reports left: an RTT sample cannot be
+        // longer than its age (an echoed timestamp older than that is not one of ours).
+        let mut oldest_sent = now;
         let mut s = una;
         while s != next && !highest.before(s) {
             let slot = s.0 as usize % PATH_RING;
@@ -1732,6 +1770,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                         b < SACK_BITS && ack.sack[b / 8] & (1 << (b % 8)) != 0
                     });
                 if arrived {
+                    oldest_sent = oldest_sent.min(self.paths[i].ring_sent[slot]);
                     self.paths[i].ring_psn[slot] = NO_PSN;
                     self.paths[i].stats.acked += 1;
                     acked_now += 1;
@@ -1765,7 +1804,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     .wrapping_sub(ack.ts_echo)
                     .wrapping_sub(ack.ack_delay),
             );
-            if rtt < 1_000_000_000 {
+            if rtt <= now.saturating_sub(oldest_sent) {
                 rtt_sample(p, rtt);
             }
         }
@@ -1918,14 +1957,19 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             return Err(DropReason::Duplicate);
         }
         let arrival = rx.sack.insert(PathSeq(data.path_seq));
-        rx.ts = data.timestamp;
-        rx.ts_at = now;
         rx.unacked += 1;
-        if ce {
+        // What the ACK echoes (the timestamp, the CE marks) comes from new packets only: a
+        // duplicate is what a forger can produce without guessing the window.
+        let marked = ce && !duplicate;
+        if !duplicate {
+            rx.ts = data.timestamp;
+            rx.ts_at = now;
+        }
+        if marked {
             rx.ce = rx.ce.saturating_add(1);
             rx.ece = true;
         }
-        let urgent = ce || bth.ack_req || arrival != Arrival::InOrder || rx.sack.has_gap();
+        let urgent = marked || bth.ack_req || arrival != Arrival::InOrder || rx.sack.has_gap();
         if urgent || rx.unacked >= self.cfg.ack_every {
             self.acks_now.insert(i);
             self.control_dirty = true;
@@ -2275,6 +2319,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
         Delivery::Nothing
     }
+}
+
+/// Where an ACK came from: a packet of its own, or carried by a data packet of path `via_path`.
+#[derive(Debug, Clone, Copy)]
+enum AckOrigin {
+    Own { src_port: u16 },
+    Carried { src_port: u16, via_path: u8 },
 }
 
 /// What a datagram's check yields.
