@@ -329,6 +329,8 @@ fn server(cfg: &PerfConfig, json: bool) -> ExitCode {
             Err(PerfError::NoSession(e)) => {
                 // A port scanner or a stranger: not a client, also for --once.
                 eprintln!("metaroce: a connection that was not a client: {e}");
+                // Never a hot loop, whatever fails (a full file table fails every accept).
+                std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
             Err(e) => {

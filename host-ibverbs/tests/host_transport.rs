@@ -328,7 +328,7 @@ fn stats_refuses_an_open_directory_and_warns_of_an_oversized_file() {
     let scratch = ScratchDir::new("stats-dir");
     let dir = scratch.0.join("stats");
     std::fs::create_dir(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o775)).unwrap();
     let stats = || {
         Command::new(bin())
             .args(["stats"])
@@ -341,7 +341,7 @@ fn stats_refuses_an_open_directory_and_warns_of_an_oversized_file() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(&format!(
-            "refusing the stats directory {}: mode 0755",
+            "refusing the stats directory {}: mode 0775",
             dir.display()
         )),
         "{err}"

@@ -223,7 +223,7 @@ pub enum PerfError {
     },
     /// A connection came and went without becoming a session (no valid hello in time): a port
     /// scanner, a stranger, another protocol. A server goes on waiting, also with `--once`.
-    NoSession(OobError),
+    NoSession(Box<PerfError>),
 }
 
 impl fmt::Display for PerfError {
@@ -715,33 +715,34 @@ const MAX_WORKERS: u32 = 64;
 /// Runs the server side for one client on `listener` (and, when the client runs several worker
 /// threads, for each of its workers, each in a thread with its own device).
 ///
-/// A connection that sends no valid hello within the set-up time is answered with an error and
-/// returned as [`PerfError::NoSession`]; so is one whose hello asks for what this server cannot
-/// give. Every failure after that is the session's.
+/// A connection that fails before its hello is accepted (no valid hello within the set-up time,
+/// a hello this server cannot serve, a connection reset while it waited) is answered with an
+/// error where possible and returned as [`PerfError::NoSession`]. Every failure after that is
+/// the session's. Every worker thread has ended when this returns.
 pub fn serve_one(cfg: &PerfConfig, listener: &TcpListener) -> Result<Served, PerfError> {
-    let mut chan = Channel::accept(listener)?;
+    let no_session = |e: PerfError| PerfError::NoSession(Box::new(e));
+    let mut chan = Channel::accept(listener).map_err(|e| no_session(e.into()))?;
     let setup_until = Instant::now() + SETUP_TIMEOUT;
-    let hello = match chan.expect("hello", Some(MESSAGE_TIMEOUT)) {
-        Ok(h) => h,
+    let first = chan
+        .expect("hello", Some(MESSAGE_TIMEOUT))
+        .map_err(PerfError::from)
+        .and_then(|h| session_config(cfg, &h));
+    let mine = match first {
+        Ok(x) => x,
         Err(e) => {
             chan.send_error(&e.to_string());
-            return Err(PerfError::NoSession(e));
+            return Err(no_session(e));
         }
     };
-    let workers: u32 = hello.get("workers").unwrap_or(1);
-    if workers == 0 || workers > MAX_WORKERS {
-        let e = format!("workers={workers}: 1 to {MAX_WORKERS}");
-        chan.send_error(&e);
-        return Err(PerfError::NoSession(OobError::Field(e)));
-    }
+    let workers = mine.workers;
     if workers == 1 {
-        return serve_logged(cfg, chan, hello, 1, setup_until);
+        return serve_logged(&mine.cfg, chan, 1, setup_until);
     }
     // The other workers: connections from the same host that name the same session, until all
     // have come or the set-up time is over; anybody else is told the server is busy.
-    let session: u64 = hello.get("session")?;
+    let session = mine.session;
     let peer_ip = chan.peer_addr().map_err(OobError::Io)?.ip().to_canonical();
-    let mut joined = vec![(chan, hello)];
+    let mut joined = vec![(chan, mine.cfg)];
     while joined.len() < workers as usize {
         let mut c = match Channel::accept_until(listener, setup_until) {
             Ok(c) => c,
@@ -756,57 +757,69 @@ pub fn serve_one(cfg: &PerfConfig, listener: &TcpListener) -> Result<Served, Per
             .peer_addr()
             .is_ok_and(|a| a.ip().to_canonical() == peer_ip);
         let left = setup_until.saturating_duration_since(Instant::now());
-        match c.expect("hello", Some(left.min(MESSAGE_TIMEOUT))) {
-            Ok(h) if same_host && h.get::<u64>("session").ok() == Some(session) => {
-                joined.push((c, h))
+        let worker = c
+            .expect("hello", Some(left.min(MESSAGE_TIMEOUT)))
+            .map_err(PerfError::from)
+            .and_then(|h| session_config(cfg, &h));
+        match worker {
+            Ok(w) if same_host && w.session == session && w.workers == workers => {
+                joined.push((c, w.cfg))
             }
             Ok(_) => c.send_error("busy: this server is serving another client"),
             Err(e) => c.send_error(&e.to_string()),
         }
     }
     let mut threads = Vec::new();
-    for (w, (chan, hello)) in joined.into_iter().enumerate() {
-        let mut c = cfg.clone();
+    for (w, (chan, mut c)) in joined.into_iter().enumerate() {
         c.publish_stats = cfg.publish_stats && w == 0;
-        threads.push(
-            std::thread::Builder::new()
-                .name(format!("server{w}"))
-                .stack_size(64 << 20)
-                .spawn(move || serve_logged(&c, chan, hello, workers, setup_until))
-                .map_err(|e| PerfError::Invalid(format!("cannot start a worker thread: {e}")))?,
-        );
+        let t = std::thread::Builder::new()
+            .name(format!("server{w}"))
+            .stack_size(64 << 20)
+            .spawn(move || serve_logged(&c, chan, workers, setup_until));
+        match t {
+            Ok(t) => threads.push(t),
+            // The workers started end on their own: their client cannot run without this one.
+            Err(e) => {
+                return Err(PerfError::Invalid(format!(
+                    "cannot start a worker thread: {e}"
+                )))
+            }
+        }
     }
+    // Every worker is waited for, also after one failed (a worker whose client stopped
+    // driving it ends at its own deadline), so that none outlives the session.
     let mut parts = Vec::new();
+    let mut first_error = None;
     for t in threads {
-        parts.push(
-            t.join()
-                .map_err(|_| PerfError::Invalid("a worker thread panicked".into()))??,
-        );
+        match t.join() {
+            Ok(Ok(s)) => parts.push(s),
+            Ok(Err(e)) => {
+                first_error.get_or_insert(e);
+            }
+            Err(_) => {
+                first_error.get_or_insert(PerfError::Invalid("a worker thread panicked".into()));
+            }
+        }
     }
-    Ok(Served::sum(parts))
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(Served::sum(parts)),
+    }
 }
 
-fn serve_logged(
-    cfg: &PerfConfig,
-    mut chan: Channel,
-    hello: Message,
+/// What a client's hello asks of this server, checked.
+struct SessionConfig {
+    /// This end's configuration for the session (or for one of its workers).
+    cfg: PerfConfig,
+    /// Worker connections of the client.
     workers: u32,
-    setup_until: Instant,
-) -> Result<Served, PerfError> {
-    let r = serve_channel(cfg, &mut chan, hello, workers, setup_until);
-    if let Err(e) = &r {
-        chan.send_error(&e.to_string());
-    }
-    r
+    /// The number its workers name (0 when it has one).
+    session: u64,
 }
 
-fn serve_channel(
-    cfg: &PerfConfig,
-    chan: &mut Channel,
-    hello: Message,
-    workers: u32,
-    setup_until: Instant,
-) -> Result<Served, PerfError> {
+/// Checks a hello against what this server runs and against the limits, before anything is
+/// opened for it.
+fn session_config(cfg: &PerfConfig, hello: &Message) -> Result<SessionConfig, PerfError> {
     let test_name = hello.text("test")?;
     let test = Test::from_name(test_name)
         .ok_or_else(|| PerfError::Mismatch(format!("unknown test {test_name:?}")))?;
@@ -825,11 +838,22 @@ fn serve_channel(
             cfg.transport.name()
         )));
     }
+    let workers: u32 = hello.get("workers")?;
+    if workers == 0 || workers > MAX_WORKERS {
+        return Err(PerfError::Invalid(format!(
+            "workers={workers}: 1 to {MAX_WORKERS}"
+        )));
+    }
+    let session = if workers > 1 {
+        hello.get("session")?
+    } else {
+        0
+    };
     let mut mine = cfg.clone();
     // The client decides how many workers there are; each server thread serves one of them,
     // with its share of the memory.
     mine.threads = 1;
-    mine.max_memory = cfg.max_memory / u64::from(workers.max(1));
+    mine.max_memory = cfg.max_memory / u64::from(workers);
     mine.qps = hello.get("qps")?;
     mine.paths = hello.get("paths")?;
     mine.window = hello.get("window")?;
@@ -838,20 +862,47 @@ fn serve_channel(
         Err(_) => None,
     };
     validate(&mine)?;
-    let local_ip = cfg
+    Ok(SessionConfig {
+        cfg: mine,
+        workers,
+        session,
+    })
+}
+
+fn serve_logged(
+    mine: &PerfConfig,
+    mut chan: Channel,
+    workers: u32,
+    setup_until: Instant,
+) -> Result<Served, PerfError> {
+    let r = serve_channel(mine, &mut chan, workers, setup_until);
+    if let Err(e) = &r {
+        chan.send_error(&e.to_string());
+    }
+    r
+}
+
+/// Serves one (worker) connection whose hello `session_config` accepted as `mine`.
+fn serve_channel(
+    mine: &PerfConfig,
+    chan: &mut Channel,
+    workers: u32,
+    setup_until: Instant,
+) -> Result<Served, PerfError> {
+    let local_ip = mine
         .bind
         .unwrap_or(chan.local_addr().map_err(OobError::Io)?.ip().to_canonical());
     // Several workers share the host: the first takes the data port, the others any port.
-    let ep = Endpoint::open(&mine, local_ip, workers > 1)?;
+    let ep = Endpoint::open(mine, local_ip, workers > 1)?;
     let (data, qps) = ep.local_info();
     chan.send(&Message::new("hello").with("data", data).with("qp", qps))?;
     let left = setup_until.saturating_duration_since(Instant::now());
     let qps = chan.expect("qps", Some(left.min(MESSAGE_TIMEOUT)))?;
-    check_data_address(&mine, chan, qps.text("data")?)?;
+    check_data_address(mine, chan, qps.text("data")?)?;
     ep.connect(qps.text("data")?, qps.text("qp")?)?;
     chan.start_heartbeat()?;
     let mut served = Served {
-        test,
+        test: mine.test,
         phases: 0,
         verified: true,
         bytes_checked: 0,
@@ -861,13 +912,13 @@ fn serve_channel(
         let m = run::next_message(&ep, chan, PHASE_GAP)?;
         match m.verb.as_str() {
             "go" => {
-                let (ok, bytes) = run::server_phase(&mine, &ep, chan, &m)?;
+                let (ok, bytes) = run::server_phase(mine, &ep, chan, &m)?;
                 served.phases += 1;
                 served.verified &= ok;
                 served.bytes_checked += bytes;
             }
             "bye" => {
-                served.stats = ep.stats_json(&format!("metaroce {} server", test.name()));
+                served.stats = ep.stats_json(&format!("metaroce {} server", mine.test.name()));
                 break;
             }
             other => {

@@ -291,14 +291,15 @@ impl Watch {
     }
 }
 
-/// Bytes of buffers one end registers for a phase of `test` with `q` connections: its own
-/// pattern and the peer's target per connection, and the receive buffers (send-bw's are the
-/// most: up to [`STREAMS`] x 32 per connection).
+/// Bytes of buffers one end takes for a phase of `test` with `q` connections: its own pattern
+/// and the peer's target per connection, the receive buffers (send-bw's are the most: up to
+/// [`STREAMS`] x 32 per connection), and two messages of scratch (a pattern being written, one
+/// being compared).
 pub(super) fn phase_bytes(test: Test, q: usize, slots: usize, size: usize) -> u64 {
     let q = q as u64;
     let bufs = 2 * q * (slots as u64 * size as u64).max(8);
     let recvs = recv_count(test, q as usize, size) as u64 * size as u64 * q;
-    bufs + recvs
+    bufs + recvs + 2 * size as u64
 }
 
 /// Receive buffers per connection for a phase.
@@ -804,6 +805,18 @@ pub(super) fn server_phase(
     let mut done_at = None;
     let mut last_check = Instant::now();
     let mut spins = 0u32;
+    // A client that stops driving the phase (no data, no acknowledgements, no done) while its
+    // heartbeat goes on: the phase ends after STALL. (Over verbs the NIC keeps no such counts
+    // for this end to read, and a Write's target sees nothing: there the client's own stall
+    // deadline and its heartbeat are what end a dead phase.)
+    let watched = !ep.conn_counters().is_empty();
+    let progress = || {
+        ep.conn_counters()
+            .iter()
+            .map(|c| c.data_received + c.acked)
+            .sum::<u64>()
+    };
+    let (mut seen, mut moved_at) = (progress(), Instant::now());
     loop {
         wcs.clear();
         ep.poll(&mut wcs, 64)?;
@@ -856,6 +869,15 @@ pub(super) fn server_phase(
         spins = spins.wrapping_add(1);
         if wcs.is_empty() && spins % 64 == 0 && last_check.elapsed() >= Duration::from_millis(2) {
             last_check = Instant::now();
+            let now_seen = progress();
+            if now_seen != seen {
+                (seen, moved_at) = (now_seen, last_check);
+            } else if watched && done_counts.is_none() && moved_at.elapsed() > STALL {
+                return Err(PerfError::Stalled(format!(
+                    "the client sent no data and no done for {} s",
+                    STALL.as_secs()
+                )));
+            }
             if done_counts.is_none() {
                 if let Some(m) = chan.poll()? {
                     if m.verb != "done" {

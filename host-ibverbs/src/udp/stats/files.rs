@@ -10,7 +10,7 @@ use serde_json::Value;
 use std::fmt;
 use std::fs;
 use std::io::{ErrorKind, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -211,6 +211,13 @@ fn check_dir(dir: &Path) -> Result<(), StatsError> {
         });
     }
     let mode = md.mode() & 0o7777;
+    if mode & 0o077 != 0 && mode & 0o022 == 0 {
+        // Ours, and nobody else could write in it (an older build made it 0755): whatever is
+        // inside is ours, so closing it is enough.
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+            .map_err(|e| io_error("cannot close", dir, e))?;
+        return Ok(());
+    }
     if mode & 0o077 != 0 {
         return Err(StatsError::TooOpen {
             path: dir.to_path_buf(),
@@ -507,7 +514,7 @@ fn read_snapshot(path: &Path, euid: u32) -> Result<Option<Value>, Skipped> {
 mod tests {
     use super::*;
     use serde_json::json;
-    use std::os::unix::fs::{symlink, PermissionsExt};
+    use std::os::unix::fs::symlink;
     use std::sync::atomic::AtomicU32;
 
     /// A private directory of the test's own (the tests run in parallel and set no environment
@@ -595,21 +602,21 @@ mod tests {
         let s = Scratch::new("open");
         let dir = s.0.join("run");
         fs::create_dir(&dir).unwrap();
-        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o775)).unwrap();
         let e = publish_in(&dir, &snapshot(1)).unwrap_err();
         assert!(
-            matches!(e, StatsError::TooOpen { mode: 0o755, .. }),
+            matches!(e, StatsError::TooOpen { mode: 0o775, .. }),
             "{e:?}"
         );
         let msg = e.to_string();
         assert!(
-            msg.contains(&dir.display().to_string()) && msg.contains("mode 0755"),
+            msg.contains(&dir.display().to_string()) && msg.contains("mode 0775"),
             "{msg}"
         );
         assert!(names(&dir).is_empty());
         assert!(matches!(
             collect_in(&dir, None),
-            Err(StatsError::TooOpen { mode: 0o755, .. })
+            Err(StatsError::TooOpen { mode: 0o775, .. })
         ));
         // Group bits alone are enough to refuse it.
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o720)).unwrap();
@@ -618,6 +625,18 @@ mod tests {
             Err(StatsError::TooOpen { mode: 0o720, .. })
         ));
         assert!(names(&dir).is_empty());
+    }
+
+    #[test]
+    fn our_directory_readable_by_others_but_writable_by_none_is_closed_and_used() {
+        let s = Scratch::new("closed");
+        let dir = s.0.join("run");
+        fs::create_dir(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        publish_in(&dir, &snapshot(1)).unwrap();
+        let mode = fs::metadata(&dir).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode, 0o700);
+        assert_eq!(names(&dir).len(), 1);
     }
 
     #[test]
@@ -875,7 +894,7 @@ mod tests {
         assert_eq!(names(&dir), ["4243.json"]);
         // In a refused directory nothing is removed.
         publish_at(&dir, 4245, &snapshot(4245), &AtomicU64::new(0)).unwrap();
-        fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o775)).unwrap();
         unpublish_in(&dir, 4245);
         assert_eq!(names(&dir), ["4243.json", "4245.json"]);
     }
