@@ -139,12 +139,7 @@ impl Message {
             s.push(' ');
             s.push_str(k);
             s.push('=');
-            // Values never hold spaces or newlines: escape them.
-            s.push_str(
-                &v.replace('%', "%25")
-                    .replace(' ', "%20")
-                    .replace('\n', "%0A"),
-            );
+            escape_into(&mut s, v);
         }
         s.push('\n');
         s
@@ -170,17 +165,48 @@ impl Message {
             let (k, v) = w
                 .split_once('=')
                 .ok_or_else(|| OobError::Field(format!("{w:?} is not key=value")))?;
-            let v = v
-                .replace("%20", " ")
-                .replace("%0A", "\n")
-                .replace("%25", "%");
-            m.fields.insert(k.into(), v);
+            m.fields.insert(k.into(), unescape(v));
         }
         if m.verb == "error" {
             return Err(OobError::Peer(m.text("msg").unwrap_or("unknown").into()));
         }
         Ok(m)
     }
+}
+
+/// Appends `v` with `%` and ASCII whitespace (which separates the words of a line) as `%XX`.
+fn escape_into(out: &mut String, v: &str) {
+    for c in v.chars() {
+        if c == '%' || c.is_ascii_whitespace() {
+            out.push_str(&format!("%{:02X}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+}
+
+/// The value `escape_into` wrote; a `%` not followed by two hex digits stands for itself.
+fn unescape(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b
+            .get(i + 1..i + 3)
+            .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (b[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(x)) => {
+                out.push(x);
+                i += 3;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// One end of the exchange.
@@ -439,7 +465,7 @@ impl Channel {
             };
             let line: Vec<u8> = self.inbuf.drain(..=end).collect();
             let text = String::from_utf8_lossy(&line[..end]);
-            let m = Message::decode(text.trim_end())?;
+            let m = Message::decode(text.trim_end_matches(['\r', '\n']))?;
             if m.verb != ALIVE {
                 return Ok(Some(m));
             }
@@ -558,6 +584,19 @@ mod tests {
         );
         let e = Message::decode("METAROCE/2 error msg=server%20runs%20write-bw").unwrap_err();
         assert_eq!(e.to_string(), "the peer reported: server runs write-bw");
+    }
+
+    proptest::proptest! {
+        /// Whatever line a peer sends, decoding it gives a message or a clear error, never a
+        /// panic; and a message's fields go through the escaping unchanged.
+        #[test]
+        fn any_line_decodes_or_is_refused(line in ".{0,300}", key in "[a-z]{1,8}", value in ".{0,80}") {
+            let _ = Message::decode(&line);
+            let _ = Message::decode(&format!("METAROCE/{VERSION} {line}"));
+            let m = Message::new("x").with(&key, &value);
+            let back = Message::decode(m.encode().trim_end_matches('\n')).unwrap();
+            proptest::prop_assert_eq!(back.text(&key).unwrap(), value.as_str());
+        }
     }
 
     #[test]

@@ -702,6 +702,16 @@ impl StatsParts {
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        /// Whatever queue pair list a peer sends, it decodes or is refused with a clear error.
+        #[test]
+        fn any_queue_pair_list_decodes_or_is_refused(text in "[0-9:,x]{0,80}") {
+            if let Err(e) = decode_qps(&text) {
+                proptest::prop_assert!(e.to_string().contains("qp"), "{}", e);
+            }
+        }
+    }
+
     #[test]
     fn queue_pair_lists_parse_and_bad_ones_are_named() {
         let qp = |qpn, psn, path_seq| PeerQp { qpn, psn, path_seq };

@@ -455,10 +455,15 @@ pub(crate) fn decode_bufs(s: &str) -> Result<Vec<RemoteBuf>, OobError> {
                     .and_then(|x| x.parse::<u64>().ok())
                     .ok_or_else(|| OobError::Field(format!("buffer {p:?}")))
             };
+            let (va, rkey, len) = (next()?, next()?, next()?);
+            if it.next().is_some() {
+                return Err(OobError::Field(format!("buffer {p:?}")));
+            }
             Ok(RemoteBuf {
-                va: next()?,
-                rkey: next()? as u32,
-                len: next()?,
+                va,
+                rkey: u32::try_from(rkey)
+                    .map_err(|_| OobError::Field(format!("rkey of buffer {p:?}")))?,
+                len,
             })
         })
         .collect()

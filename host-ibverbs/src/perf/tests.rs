@@ -286,3 +286,20 @@ fn samples_print_as_perftest_prints_them() {
     assert_eq!(sample_text(12.345_678_9), "12.3457");
     assert_eq!(sample_text(0.0), "0");
 }
+
+proptest::proptest! {
+    /// Whatever buffer list a peer sends, it decodes or is refused with a clear error; a list
+    /// this end wrote comes back whole.
+    #[test]
+    fn any_buffer_list_decodes_or_is_refused(text in "[0-9:,a-z]{0,120}", bufs in proptest::collection::vec((proptest::prelude::any::<u64>(), proptest::prelude::any::<u32>(), proptest::prelude::any::<u64>()), 1..20)) {
+        if let Err(e) = decode_bufs(&text) {
+            proptest::prop_assert!(e.to_string().contains("buffer"), "{}", e);
+        }
+        let line = bufs.iter().map(|(va, rkey, len)| format!("{va}:{rkey}:{len}")).collect::<Vec<_>>().join(",");
+        let back = decode_bufs(&line).unwrap();
+        proptest::prop_assert_eq!(back.len(), bufs.len());
+        for (b, (va, rkey, len)) in back.iter().zip(&bufs) {
+            proptest::prop_assert_eq!((b.va, b.rkey, b.len), (*va, *rkey, *len));
+        }
+    }
+}
