@@ -192,6 +192,11 @@ pub fn run(cfg: &SelftestConfig) -> SelftestReport {
         .expect("the selftest thread finished")
 }
 
+/// Where the path sequences of the end with entropy seed `seed` start.
+fn path_seq_origin(seed: u32) -> u32 {
+    seed.wrapping_mul(0x9e37_79b9).rotate_left(13) ^ 0xfff0_0000
+}
+
 fn simulate(cfg: &SelftestConfig) -> SelftestReport {
     let mut rng = Rng::new(cfg.seed);
     let size = cfg.bytes as usize;
@@ -203,6 +208,12 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
         c.entropy_seed = seed;
         c.initial_psn = Psn::new(psn);
         c.peer_initial_psn = Psn::new(peer);
+        // Path and probe sequences start where a runner's random draw would put them: from the
+        // seeds of both ends, so that every run crosses different points of the 32-bit space.
+        c.initial_path_seq = path_seq_origin(seed);
+        // The two ends' entropy seeds differ by 0x5555.
+        c.peer_initial_path_seq = path_seq_origin(seed ^ 0x5555);
+        c.initial_probe_seq = path_seq_origin(!seed);
         c.window_per_path = cfg.window_per_path;
         // Timer floors for this link's few-microsecond RTT (the defaults suit real fabrics).
         c.rto_low = 10_000;
