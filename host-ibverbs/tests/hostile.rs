@@ -425,24 +425,22 @@ fn signal(pid: u32, sig: &str) {
         .unwrap();
 }
 
+/// A client of a 60-second write-bw run.
+fn long_client(port: u16, stderr: Stdio) -> Child {
+    Command::new(bin())
+        .args(["write-bw", "127.0.0.1", "-p", &port.to_string(), "-D", "60"])
+        .args(["--data-port", "0"])
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .unwrap()
+}
+
 #[test]
 fn a_peer_stopped_mid_run_ends_the_run_on_both_sides_within_seconds() {
     // The client stops: the server says so within seconds and waits for the next client.
     let s = Server::start("write-bw", &[]);
-    let client = Command::new(bin())
-        .args([
-            "write-bw",
-            "127.0.0.1",
-            "-p",
-            &s.port.to_string(),
-            "-D",
-            "60",
-        ])
-        .args(["--data-port", "0"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let client = long_client(s.port, Stdio::null());
     std::thread::sleep(Duration::from_secs(2));
     signal(client.id(), "-STOP");
     let after = s.wait_for("lost the client", 1, Duration::from_secs(12));
@@ -452,20 +450,7 @@ fn a_peer_stopped_mid_run_ends_the_run_on_both_sides_within_seconds() {
     let _ = wait(client, Duration::from_secs(5));
     s.serve_real_client("write-bw");
     // The server stops: the client ends with a clear error within seconds.
-    let client = Command::new(bin())
-        .args([
-            "write-bw",
-            "127.0.0.1",
-            "-p",
-            &s.port.to_string(),
-            "-D",
-            "60",
-        ])
-        .args(["--data-port", "0"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let client = long_client(s.port, Stdio::piped());
     std::thread::sleep(Duration::from_secs(2));
     signal(s.pid(), "-STOP");
     let start = Instant::now();

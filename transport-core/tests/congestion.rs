@@ -5,22 +5,13 @@
 mod common;
 
 use common::{Pair, BASE, MEM};
-use transport_core::conn::{Access, Event, Region, RemoteAddr, Status, WorkRequest, WrOp};
+use transport_core::conn::{Event, RemoteAddr, Status, WorkRequest, WrOp};
 
 const KEY: u32 = 0x51;
 const LEN: u32 = 512 * 1024;
 
 fn pair() -> Pair {
-    let mut p = Pair::new();
-    p.b.conn
-        .register(Region {
-            key: KEY,
-            base: BASE,
-            len: MEM as u64,
-            access: Access::REMOTE_WRITE,
-        })
-        .unwrap();
-    p
+    Pair::granting_writes(KEY)
 }
 
 /// Writes `LEN` bytes from `a` to `b` and checks they landed and completed.

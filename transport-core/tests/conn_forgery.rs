@@ -6,11 +6,10 @@
 
 mod common;
 
-use common::{path_base, Pair, BASE, MEM};
+use common::{path_base, Pair, BASE};
 use proptest::prelude::*;
 use transport_core::conn::{
-    compute_icrc, path_origin, Access, DropReason, Event, Region, RemoteAddr, Status, WorkRequest,
-    WrOp,
+    compute_icrc, path_origin, DropReason, Event, RemoteAddr, Status, WorkRequest, WrOp,
 };
 use transport_core::wire::metaroce::{
     MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr, NackReason, SACK_BITS,
@@ -20,16 +19,7 @@ use transport_core::wire::{BthRepr, Extensions, Opcode, Psn, Qpn};
 const KEY: u32 = 0x5a;
 
 fn pair() -> Pair {
-    let mut p = Pair::new();
-    p.b.conn
-        .register(Region {
-            key: KEY,
-            base: BASE,
-            len: MEM as u64,
-            access: Access::REMOTE_WRITE,
-        })
-        .unwrap();
-    p
+    Pair::granting_writes(KEY)
 }
 
 fn write(id: u64, offset: u64, len: u32) -> WorkRequest {

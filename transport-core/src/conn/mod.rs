@@ -1499,11 +1499,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         opcode: Opcode,
         probe: &MrProbeRepr,
     ) -> Result<(), DropReason> {
-        let i = usize::from(probe.path_id);
-        if i >= usize::from(self.cfg.paths) {
-            self.counters.drop_other += 1;
-            return Err(DropReason::UnknownPath);
-        }
+        let i = self.known_path(probe.path_id)?;
         if opcode == Opcode::MrProbe {
             let rx = &mut self.rx_paths[i];
             rx.probe_reply = Some((probe.probe_seq, probe.timestamp));
@@ -1535,6 +1531,16 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         Ok(())
     }
 
+    /// Path `path_id` as an index, if this connection has it (otherwise counted and refused).
+    fn known_path(&mut self, path_id: u8) -> Result<usize, DropReason> {
+        let i = usize::from(path_id);
+        if i >= usize::from(self.cfg.paths) {
+            self.counters.drop_other += 1;
+            return Err(DropReason::UnknownPath);
+        }
+        Ok(i)
+    }
+
     /// Whether a control packet for path `i` (an ACK, a NACK) comes from the port the peer's
     /// path sends from; until that is known, any port (the first packet that passes every other
     /// check teaches it).
@@ -1564,11 +1570,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         psn: Psn,
         nack: &MrNackRepr,
     ) -> Result<(), DropReason> {
-        let i = usize::from(nack.path_id);
-        if i >= usize::from(self.cfg.paths) {
-            self.counters.drop_other += 1;
-            return Err(DropReason::UnknownPath);
-        }
+        let i = self.known_path(nack.path_id)?;
         // A confirmation must name a held refusal exactly, which no port adds to; and the
         // requester's path may have moved to a new port since (its confirmations go on the
         // refused packet's path).
@@ -1722,11 +1724,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         cum_psn: Psn,
         ack: &MrAckRepr,
     ) -> Result<(), DropReason> {
-        let i = usize::from(ack.path_id);
-        if i >= usize::from(self.cfg.paths) {
-            self.counters.drop_other += 1;
-            return Err(DropReason::UnknownPath);
-        }
+        let i = self.known_path(ack.path_id)?;
         // An ACK of its own comes from the port of the path it acknowledges; a carried one rides
         // on a data packet of any path, from that path's port.
         let (port_path, src_port) = match origin {
@@ -1935,11 +1933,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         payload_at: usize,
         payload_len: usize,
     ) -> Result<Delivery, DropReason> {
-        let i = usize::from(data.path_id);
-        if i >= usize::from(self.cfg.paths) {
-            self.counters.drop_other += 1;
-            return Err(DropReason::UnknownPath);
-        }
+        let i = self.known_path(data.path_id)?;
         let offset_psn = psn_diff(bth.psn, self.rx_cum);
         if offset_psn >= W as i32 {
             self.counters.drop_out_of_window += 1;

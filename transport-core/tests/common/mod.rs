@@ -52,6 +52,20 @@ pub fn path_base(x: u8) -> u32 {
 }
 
 impl Pair {
+    /// A pair whose B grants all of its memory for remote Writes under `key`.
+    pub fn granting_writes(key: u32) -> Self {
+        let mut p = Pair::new();
+        p.b.conn
+            .register(transport_core::conn::Region {
+                key,
+                base: BASE,
+                len: MEM as u64,
+                access: transport_core::conn::Access::REMOTE_WRITE,
+            })
+            .unwrap();
+        p
+    }
+
     pub fn new() -> Self {
         let side = |l, r| Side {
             conn: Box::new(Conn::new(config(l, r))),
