@@ -81,13 +81,15 @@ pub struct PerfArgs {
     /// Local IP address to use.
     #[arg(long)]
     pub bind: Option<IpAddr>,
-    /// UDP transport: the kernel busy-polls the NIC's receive queue (SO_BUSY_POLL, 50 us) and
-    /// the engine never sleeps in its waits. The tools poll completions without sleeping either
-    /// way, as perftest does.
+    /// UDP transport: never sleep. The kernel busy-polls the NIC's receive queue (SO_BUSY_POLL,
+    /// 50 us), the engine never sleeps in its waits, and bandwidth tests poll without pause
+    /// (by default they spin for 200 us after the last work, then sleep on the sockets until a
+    /// datagram or a timer, so that the kernel and a peer on the same host get the CPU they need;
+    /// latency tests always spin, as perftest's do).
     #[arg(long)]
     pub busy_poll: bool,
-    /// Sleep while waiting for completions instead of polling: the UDP transport's engine
-    /// sleeps until a datagram or a timer (with --busy-poll it spins inside the wait instead);
+    /// Sleep while waiting for completions instead of polling, at once: the UDP transport's
+    /// engine sleeps until a datagram or a timer (with --busy-poll it spins inside the wait);
     /// verbs sleeps on the completion queue's channel (ibv_req_notify_cq, ibv_get_cq_event).
     #[arg(short = 'e', long = "use_event")]
     pub use_event: bool,

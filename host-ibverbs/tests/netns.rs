@@ -382,3 +382,52 @@ fn an_unreachable_server_is_named() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("10.99.0.1:18515 is unreachable"), "{err}");
 }
+
+/// Processes that spin on the machine's cores until dropped.
+struct BusyLoops(Vec<std::process::Child>);
+
+impl BusyLoops {
+    fn start(n: usize) -> BusyLoops {
+        BusyLoops(
+            (0..n)
+                .map(|_| {
+                    Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .spawn()
+                        .unwrap()
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for BusyLoops {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// With two busy loops beside both ends (any real host has other work), a bandwidth test no
+/// longer starves the kernel that carries its packets: in several runs in a row no path is
+/// declared failed, and every byte arrives. Spinning release builds declared paths failed in 2 of
+/// 5 such runs (docs/BENCHMARKS.md); this debug build, slower, did not in 5 spinning runs, so this
+/// guards the behaviour more than it proves the change. Spurious retransmissions are not bounded
+/// here: they still happen under load (0-320 per run with adaptive waiting, 0-2704 spinning).
+#[test]
+#[ignore = "needs root for network namespaces; scripts/test.sh runs it"]
+fn a_busy_host_declares_no_path_failed() {
+    let _one_at_a_time = serial();
+    let h = Hosts::new();
+    let _load = BusyLoops::start(2);
+    for run in 0..3 {
+        let p = h.run("write-bw", &["-D", "2"]);
+        assert_success(&p);
+        let r = &p.client_json()[0];
+        assert_eq!(r["verified"], true, "run {run}: {r}");
+        assert_eq!(r["path_failures"], 0, "run {run}: {r}");
+        eprintln!("run {run}: {r}");
+    }
+}

@@ -105,10 +105,11 @@ pub struct PerfConfig {
     pub tx_depth: u32,
     /// All sizes from 2 bytes to 8 MiB.
     pub all_sizes: bool,
-    /// UDP transport: SO_BUSY_POLL on the sockets and no sleeping in the engine's waits (the
-    /// tools' loops poll without sleeping either way).
+    /// UDP transport: SO_BUSY_POLL on the sockets, no sleeping in the engine's waits, and
+    /// bandwidth tests poll without pause (by default they sleep after 200 us without work;
+    /// latency tests always spin).
     pub busy_poll: bool,
-    /// UDP transport: wait for completions sleeping (perftest's `-e`) instead of polling.
+    /// UDP transport: wait for completions sleeping at once (perftest's `-e`).
     pub use_event: bool,
     /// UDP transport: UDP GSO on sends.
     pub gso: bool,

@@ -585,15 +585,22 @@ impl CompletionQueue {
     /// Runs the engine once without sleeping, then moves up to `max` completions into `out`;
     /// returns how many.
     pub fn poll(&self, out: &mut Vec<WorkCompletion>, max: usize) -> usize {
+        self.poll_active(out, max).0
+    }
+
+    /// As [`CompletionQueue::poll`], and whether the engine did anything (sent, received or
+    /// fired a timer) when it ran: a caller deciding whether to sleep needs both.
+    pub fn poll_active(&self, out: &mut Vec<WorkCompletion>, max: usize) -> (usize, bool) {
+        let mut active = false;
         if self.shared.queue.borrow().is_empty() {
-            self.ctx.progress(Duration::ZERO);
+            active = self.ctx.progress(Duration::ZERO);
         }
         let mut q = self.shared.queue.borrow_mut();
         let n = max.min(q.len());
         if n > 0 {
             out.extend(q.drain(..n));
         }
-        n
+        (n, active)
     }
 
     /// Runs the engine until a completion is there or `timeout` passes.
