@@ -238,6 +238,9 @@ use super::socket::SendRun as Run;
 
 /// Messages per `sendmmsg` call.
 const TX_BATCH: usize = 64;
+/// A round that starts this much later than the engine asked to run means this host did not
+/// give it the CPU (half the host transport's shortest retransmission timeout).
+const STALL_NS: u64 = 500_000;
 
 /// A path's send socket and the UDP source port its datagrams really carry.
 struct TxSocket {
@@ -338,6 +341,10 @@ pub(crate) struct Engine {
     qpn_list: Vec<u32>,
     /// Progress rounds so far.
     rounds: u64,
+    /// When the engine may next be expected to run: the start of the last round, or the end of
+    /// the sleep it chose. A round that starts much later than this was not given the CPU.
+    expected_at: u64,
+
     /// Something arrived or was posted since the last send: the next round sends and completes.
     dirty: bool,
     /// The earliest timer of any connection (`u64::MAX`: none), valid unless `deadline_stale`.
@@ -381,6 +388,7 @@ impl Engine {
             queued: Vec::new(),
             qpn_list: Vec::new(),
             rounds: 0,
+            expected_at: 0,
             rx_want: 1,
             rx_full: false,
             dirty: true,
@@ -421,6 +429,10 @@ impl Engine {
         // idle spin is one timer check and one receive call (with a full round now and then).
         let now = self.now();
         self.rounds = self.rounds.wrapping_add(1);
+        if now.saturating_sub(self.expected_at) > STALL_NS && self.expected_at != 0 {
+            self.host_stalled(now);
+        }
+        self.expected_at = now;
         if self.deadline_stale {
             self.refresh_deadline();
         }
@@ -469,6 +481,8 @@ impl Engine {
                 self.refresh_deadline();
             }
             let timeout = (wait.as_nanos() as u64).min(self.deadline.saturating_sub(now));
+            // Waking later than asked (or than a datagram came) is the host's delay, not ours.
+            self.expected_at = now + timeout;
             if timeout > 0 && self.rx.wait_readable_ns(timeout).unwrap_or(false) {
                 let now = self.now();
                 if self.receive(now, RX_BATCH) > 0 {
@@ -480,6 +494,26 @@ impl Engine {
             }
         }
         busy
+    }
+
+    /// The engine did not run for a while although it had asked to: what the connections'
+    /// timers wait for may be sitting in this host's socket buffers, so everything that arrived
+    /// is read first, and then the timers restart from now (a timeout must not count the time a
+    /// packet waited for this host's own CPU).
+    fn host_stalled(&mut self, now: u64) {
+        self.counters.host_stalls += 1;
+        for _ in 0..16 {
+            if self.receive(now, RX_BATCH) < RX_BATCH {
+                break;
+            }
+        }
+        for qp in self.qps.values_mut() {
+            if let Some(conn) = qp.conn.as_mut() {
+                conn.handle_host_stall(now);
+            }
+        }
+        self.dirty = true;
+        self.deadline_stale = true;
     }
 
     fn refresh_deadline(&mut self) {

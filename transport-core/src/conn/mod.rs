@@ -812,6 +812,20 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
     }
 
+    /// The runner did not run for a while although it had asked to (its host gave it no CPU):
+    /// every path's retransmission timer, and every probe's, restarts from `now`. What the timers
+    /// wait for may have arrived meanwhile and be waiting in the host's buffers; a timeout must
+    /// not count the time a packet waited for this host's own CPU. Call it after handing over
+    /// what arrived during the stall.
+    pub fn handle_host_stall(&mut self, now: Instant) {
+        for p in self.paths.iter_mut().take(usize::from(self.cfg.paths)) {
+            p.timer_from = p.timer_from.max(now);
+            if p.state == PathState::Probing {
+                p.probe_due = p.probe_due.max(now + self.cfg.probe_interval);
+            }
+        }
+    }
+
     fn path_timeout(&mut self, i: usize, now: Instant) {
         let p = &mut self.paths[i];
         if p.state == PathState::Active && p.timeouts_in_row == 0 {

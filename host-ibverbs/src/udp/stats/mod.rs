@@ -65,6 +65,9 @@ engine_counters! {
     rx_drop_bad_place,
     /// Receive system call failures.
     rx_errors,
+    /// Rounds of the engine that started more than 0.5 ms later than it asked to run (this host
+    /// gave it no CPU): the connections' timers restarted.
+    host_stalls,
 }
 
 /// One queue pair's counters and paths.
