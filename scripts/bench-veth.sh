@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Host transport benchmark between two hosts: two network namespaces joined by a veth pair, the
+# server in one, the client in the other. Round by round: iperf3 (TCP, one stream), the bare UDP
+# ceiling at write-bw's datagram size (host-ibverbs/examples/udp_ceiling.rs: GSO sender, GRO
+# receiver), and `metaroce write-bw` (UDP transport, -D seconds, defaults unless given); with
+# LOAD=1, two busy loops run beside both ends meanwhile (any real host has other work). Prints
+# one line per round and the median ratios. Needs root, iproute2 and iperf3.
+#
+# Usage: scripts/bench-veth.sh [ROUNDS] [SECONDS] [MTU] [LOAD] [-- extra write-bw client options]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${1:-5}
+SECS=${2:-3}
+MTU=${3:-1500}
+LOAD=${4:-0}
+shift $(( $# < 4 ? $# : 4 ))
+[ "${1:-}" = "--" ] && shift
+command -v iperf3 >/dev/null || { echo "iperf3 is needed (apt-get install iperf3)"; exit 2; }
+cargo build -q --release -p host-ibverbs --bin metaroce --example udp_ceiling
+T=${CARGO_TARGET_DIR:-$(pwd)/target}
+M=$T/release/metaroce
+C=$T/release/examples/udp_ceiling
+# write-bw's Write packets, BTH to ICRC: the payload (the largest RoCE MTU that fits the veth) plus
+# BTH 12, data header 24, remote header 12, ICRC 4.
+payload=$(python3 -c "m=$MTU-20-8-64; print(max(p for p in (256,512,1024,2048,4096) if p<=m))")
+DGRAM=$((payload + 52))
+A=mrbench_a$$; B=mrbench_b$$
+cleanup() {
+  for p in ${loops:-}; do kill "$p" 2>/dev/null || true; done
+  ip netns del "$A" 2>/dev/null || true; ip netns del "$B" 2>/dev/null || true
+}
+trap cleanup EXIT
+ip netns add "$A"; ip netns add "$B"
+ip link add va netns "$A" mtu "$MTU" type veth peer name vb netns "$B" mtu "$MTU"
+ip -n "$A" addr add 10.78.0.1/24 dev va; ip -n "$B" addr add 10.78.0.2/24 dev vb
+for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
+ip -n "$A" link set va up; ip -n "$B" link set vb up
+loops=""
+if [ "$LOAD" = 1 ]; then
+  for i in 1 2; do (while :; do :; done) & loops="$loops $!"; done
+fi
+ina() { ip netns exec "$A" "$@"; }
+inb() { ip netns exec "$B" "$@"; }
+tcp=(); udp=(); mr=()
+for r in $(seq 1 "$ROUNDS"); do
+  # Every result is read after its run: nothing else takes a CPU from the two ends meanwhile.
+  inb iperf3 -s -1 -p 5299 >/dev/null 2>&1 &
+  sleep 0.3
+  j=$(ina iperf3 -c 10.78.0.2 -p 5299 -t "$SECS" -J)
+  wait "$!" 2>/dev/null || true
+  t=$(echo "$j" | python3 -c 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9)')
+  out=$(mktemp)
+  inb "$C" recv 10.78.0.2:18805 >"$out" &
+  sleep 0.2
+  ina "$C" send 10.78.0.2:18805 "$DGRAM" "$SECS"
+  wait "$!" 2>/dev/null || true
+  c=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["gbps"])' "$out")
+  rm -f "$out"
+  inb "$M" write-bw --once -p 18806 >/dev/null 2>&1 &
+  sleep 0.3
+  j=$(ina "$M" write-bw 10.78.0.2 -p 18806 -D "$SECS" --json "$@" 2>/dev/null | head -1)
+  wait "$!" 2>/dev/null || true
+  m=$(echo "$j" | python3 -c 'import json,sys; j=json.loads(sys.stdin.readline()); print(j["bw_avg_gbps"], j["retransmits"], j["path_failures"], j["verified"])')
+  read -r mb retx fails ok <<<"$m"
+  printf 'round %d: iperf3 %.2f Gb/s, udp ceiling %.2f Gb/s (%d-byte datagrams), write-bw %.2f Gb/s (%.2fx, %.2fx) retransmits %s path failures %s verified %s\n' \
+    "$r" "$t" "$c" "$DGRAM" "$mb" "$(python3 -c "print($mb/$t)")" "$(python3 -c "print($mb/$c)")" "$retx" "$fails" "$ok"
+  tcp+=("$t"); udp+=("$c"); mr+=("$mb")
+done
+join() { local IFS=,; echo "$*"; }
+python3 -c "
+import statistics as s
+t=[$(join "${tcp[@]}")]; c=[$(join "${udp[@]}")]; m=[$(join "${mr[@]}")]
+print('MTU $MTU, load $LOAD: median write-bw / iperf3 %.2fx (%.2f / %.2f Gb/s), write-bw / udp ceiling %.2fx (%.2f Gb/s)' % (s.median([a/b for a,b in zip(m,t)]), s.median(m), s.median(t), s.median([a/b for a,b in zip(m,c)]), s.median(c)))
+"
