@@ -287,6 +287,8 @@ struct TxPath {
     tail_probe_at: Instant,
     /// The retransmission timer runs from the later of this and the oldest transmission.
     timer_from: Instant,
+    /// When the last consistent ACK of this path arrived.
+    last_ack_at: Instant,
     /// Congestion window, 1/256 packet units ([`CWND_ONE`] is one packet).
     cwnd: u32,
     /// When the window was last halved for ECN marks.
@@ -437,6 +439,11 @@ pub struct Connection<
     rx_seen: [bool; W],
     rx_streams: [RxStream<Q>; S],
     nacks: [Option<PendingNack>; NACK_QUEUE],
+    /// The latest send time of any transmission acknowledged so far, on any path: a transmission
+    /// sent before it and still unresolved past its own path's round trip is overdue (lost).
+    rack_sent: Instant,
+    /// An ACK moved `rack_sent` since overdue transmissions were last looked for.
+    rack_dirty: bool,
     /// The confirmation of the last fatal NACK that named nothing this end sent (a refusal of a
     /// forged packet, or a forgery itself): one slot, whatever the number of such NACKs.
     unverified_confirm: Option<PendingNack>,
@@ -488,6 +495,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             tail_probe_ts: None,
             tail_probe_at: 0,
             timer_from: 0,
+            last_ack_at: 0,
             cwnd: cfg.window_per_path * CWND_ONE,
             cwnd_cut_at: None,
             stats: PathStats {
@@ -541,6 +549,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             }; S],
             nacks: [None; NACK_QUEUE],
             unverified_confirm: None,
+            rack_sent: 0,
+            rack_dirty: false,
             refusals: [None; REFUSALS],
             refusals_held: 0,
             acks_now: PathSet::default(),
@@ -752,6 +762,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if let Some(w) = self.retx_wake {
             at(w);
         }
+        for i in 0..usize::from(self.cfg.paths) {
+            if let Some(d) = self.overdue_at(i) {
+                at(d);
+            }
+        }
         if self.refusals_held > 0 {
             for r in self.refusals.iter().flatten() {
                 at(r.due.unwrap_or(0));
@@ -786,6 +801,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 self.control_dirty = true;
             }
         }
+        self.detect_overdue(now);
         if self.retx_wake.is_some_and(|w| now >= w) {
             self.retx_wake = None;
         }
@@ -847,10 +863,18 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
         let p = &mut self.paths[i];
         p.una = next;
-        p.stats.timeouts += 1;
         p.stats.lost += lost;
-        p.timeouts_in_row = p.timeouts_in_row.saturating_add(1);
         self.counters.lost_by_timeout += lost;
+        self.path_silent(i, now);
+    }
+
+    /// Path `i` lost what it carried and did not answer in time (a second timeout, or a probe of
+    /// its tail left unanswered): after `timeouts_to_probe` of these in a row it stops carrying
+    /// data and is probed.
+    fn path_silent(&mut self, i: usize, now: Instant) {
+        let p = &mut self.paths[i];
+        p.stats.timeouts += 1;
+        p.timeouts_in_row = p.timeouts_in_row.saturating_add(1);
         if p.state == PathState::Active && p.timeouts_in_row >= self.cfg.timeouts_to_probe {
             p.state = PathState::Probing;
             p.probes_unanswered = 0;
@@ -903,6 +927,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// before them, carrying the ACK of its request.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         self.settle_carried();
+        if self.rack_dirty {
+            self.detect_overdue(now);
+        }
         if buf.len() < self.cfg.mtu as usize + 128 {
             return None;
         }
@@ -1756,6 +1783,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if let AckOrigin::Own { src_port } = origin {
             self.rx_paths[i].peer_port = Some(src_port);
         }
+        self.paths[i].last_ack_at = self.paths[i].last_ack_at.max(now);
         self.counters.ecn_marks_echoed += u64::from(ack.ce_count);
         self.paths[i].stats.ecn_marks += u64::from(ack.ce_count);
         let cum = PathSeq(ack.cum_seq);
@@ -1770,6 +1798,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         // When the oldest transmission this ACK newly reports left: an RTT sample cannot be
         // longer than its age (an echoed timestamp older than that is not one of ours).
         let mut oldest_sent = now;
+        let mut newest_sent = 0;
         let mut s = una;
         while s != next && !highest.before(s) {
             let slot = s.0 as usize % PATH_RING;
@@ -1783,6 +1812,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     });
                 if arrived {
                     oldest_sent = oldest_sent.min(self.paths[i].ring_sent[slot]);
+                    newest_sent = newest_sent.max(self.paths[i].ring_sent[slot]);
                     self.paths[i].ring_psn[slot] = NO_PSN;
                     self.paths[i].stats.acked += 1;
                     acked_now += 1;
@@ -1807,6 +1837,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             s = s.add(1);
         }
         self.settle_path_una(i);
+        if newest_sent > self.rack_sent {
+            self.rack_sent = newest_sent;
+            self.rack_dirty = true;
+        }
         self.congestion(i, now, ack.ce_count > 0 || ack.ece, acked_now);
         let p = &mut self.paths[i];
         if newly_acked {
@@ -1847,6 +1881,122 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
         self.advance_window();
         Ok(())
+    }
+
+    /// How long after it left a transmission on path `i` is overdue once a later one is
+    /// acknowledged: the path's smoothed round trip and four times its variation (the
+    /// retransmission timeout without its floors), and the longest a receiver holds an ACK back.
+    fn overdue_after(&self, i: usize) -> u64 {
+        let p = &self.paths[i];
+        // A path without an RTT sample yet (its first flight may be the one lost) takes the
+        // fastest measured path's: the paths cross the same fabric.
+        let measured = if p.stats.rtt_min > 0 {
+            Some(p)
+        } else {
+            self.paths[..usize::from(self.cfg.paths)]
+                .iter()
+                .filter(|q| q.stats.rtt_min > 0)
+                .min_by_key(|q| q.srtt)
+        };
+        match measured {
+            Some(q) => q.srtt + 4 * q.rttvar + self.cfg.ack_delay,
+            None => self.cfg.rto_low + self.cfg.ack_delay,
+        }
+    }
+
+    /// The oldest unresolved transmission of path `i` that left before the latest acknowledged
+    /// one: its sequence number and when it becomes overdue.
+    fn overdue_candidate(&self, i: usize) -> Option<(PathSeq, Instant)> {
+        let p = &self.paths[i];
+        if p.state != PathState::Active || p.una == p.next_seq {
+            return None;
+        }
+        let slot = p.una.0 as usize % PATH_RING;
+        let sent = p.ring_sent[slot];
+        // Measured from the later of its departure and the path's last ACK: a path that is still
+        // acknowledging (its ACK of this packet was lost, or is behind) is left to its SACK.
+        (p.ring_psn[slot] != NO_PSN && sent < self.rack_sent)
+            .then(|| (p.una, sent.max(p.last_ack_at) + self.overdue_after(i)))
+    }
+
+    fn overdue_at(&self, i: usize) -> Option<Instant> {
+        let p = &self.paths[i];
+        if p.tail_probe_pending {
+            return None;
+        }
+        let (_, at) = self.overdue_candidate(i)?;
+        Some(match p.tail_probe_ts {
+            // A tail probe is out: its answer is due a round trip after it left.
+            Some(_) => p.tail_probe_at + self.overdue_after(i),
+            None => at,
+        })
+    }
+
+    /// Time-ordered loss detection across paths, in the manner of RACK: a transmission still
+    /// unresolved although one that left after it, on any path, has been acknowledged, while its
+    /// own path has been silent for a round trip (plus variation and ACK delay), is lost. A run of losses
+    /// that takes a path's whole flight leaves no later packet on that path to show a SACK gap;
+    /// the other paths show it, in about a round trip instead of a retransmission timeout. It runs
+    /// after a batch of arrivals (from `poll_transmit`) and from the timer, not inside each ACK: a
+    /// peer that was stalled answers for every path at once, and the first of those ACKs must not
+    /// condemn what the next ones acknowledge.
+    fn detect_overdue(&mut self, now: Instant) {
+        self.rack_dirty = false;
+        for i in 0..usize::from(self.cfg.paths) {
+            while let Some((seq, due)) = self.overdue_candidate(i) {
+                // A packet the peer's cumulative PSN already covers arrived: its path ACK is
+                // only late. Resolve it without counting it lost.
+                let slot = seq.0 as usize % PATH_RING;
+                let raw = self.paths[i].ring_psn[slot];
+                if !self.in_tx_window(Psn::new(raw)) || self.pkts[raw as usize % W].acked {
+                    self.paths[i].ring_psn[slot] = NO_PSN;
+                    self.settle_path_una(i);
+                    continue;
+                }
+                let wait = self.overdue_after(i);
+                let p = &mut self.paths[i];
+                if p.tail_probe_pending {
+                    break;
+                }
+                if p.tail_probe_ts.is_some() {
+                    // A probe is out. Its answer settles the path; none within a round trip
+                    // means the route lost what left before it: declared lost now, not at the
+                    // retransmission timeout.
+                    if now < p.tail_probe_at + wait {
+                        break;
+                    }
+                    let before = p.tail_probe_at;
+                    p.tail_probe_ts = None;
+                    // The probe counts as the first silence, its lack of answer as the second:
+                    // a dead route fails over as it would by its timeouts, only sooner.
+                    p.timeouts_in_row = p.timeouts_in_row.max(1);
+                    let (una, next) = (p.una, p.next_seq);
+                    let mut s = una;
+                    while s != next {
+                        let slot = s.0 as usize % PATH_RING;
+                        let p = &self.paths[i];
+                        if p.ring_psn[slot] != NO_PSN && p.ring_sent[slot] <= before {
+                            self.declare_lost(i, s, now);
+                        }
+                        s = s.add(1);
+                    }
+                    self.settle_path_una(i);
+                    self.path_silent(i, now);
+                    continue;
+                }
+                // Overdue: probe the path's tail now rather than at its retransmission timeout.
+                // The ACK the probe triggers says exactly what arrived before it; the rest is
+                // declared lost then (a lost ACK must not cost a window of needless
+                // retransmissions).
+                if now >= due {
+                    p.tail_probe_pending = true;
+                    p.timer_from = now;
+                    self.counters.overdue_probes += 1;
+                    self.control_dirty = true;
+                }
+                break;
+            }
+        }
     }
 
     /// Declares transmission `seq` on path `i` lost (a gap, or left before a tail probe).

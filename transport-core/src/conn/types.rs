@@ -261,6 +261,10 @@ pub struct Counters {
     pub lost_by_sack: u64,
     /// Losses declared by a retransmission timeout.
     pub lost_by_timeout: u64,
+    /// Tail probes sent because a transmission that left later, on any path, was acknowledged
+    /// while this one stayed unresolved past its path's round trip (instead of waiting for the
+    /// path's retransmission timeout).
+    pub overdue_probes: u64,
     /// ACKs sent (stand-alone and carried by data packets).
     pub acks_sent: u64,
     /// ACKs carried by data packets (included in `acks_sent`).

@@ -93,6 +93,7 @@ pub fn connection_named(c: &Counters) -> Vec<(&'static str, u64)> {
         ("sacked", c.sacked),
         ("lost_by_sack", c.lost_by_sack),
         ("lost_by_timeout", c.lost_by_timeout),
+        ("overdue_probes", c.overdue_probes),
         ("acks_sent", c.acks_sent),
         ("acks_piggybacked", c.acks_piggybacked),
         ("acks_piggyback_received", c.acks_piggyback_received),
