@@ -1858,21 +1858,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             // The ACK the tail probe triggered: the path is alive, and whatever left before the
             // probe and is still unacknowledged was lost.
             let p = &mut self.paths[i];
-            p.tail_probe_ts = None;
             p.timeouts_in_row = 0;
             p.timer_from = now;
-            let before = p.tail_probe_at;
-            let (una, next) = (p.una, p.next_seq);
-            let mut s = una;
-            while s != next {
-                let slot = s.0 as usize % PATH_RING;
-                let p = &self.paths[i];
-                if p.ring_psn[slot] != NO_PSN && p.ring_sent[slot] <= before {
-                    self.declare_lost(i, s, now);
-                }
-                s = s.add(1);
-            }
-            self.settle_path_una(i);
+            self.lose_before_tail_probe(i, now);
         }
         // The connection-level cumulative PSN: what the peer has accepted for good. While the
         // peer holds refusals we have not confirmed, it may cover refused packets: wait.
@@ -1965,22 +1953,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     if now < p.tail_probe_at + wait {
                         break;
                     }
-                    let before = p.tail_probe_at;
-                    p.tail_probe_ts = None;
                     // The probe counts as the first silence, its lack of answer as the second:
                     // a dead route fails over as it would by its timeouts, only sooner.
                     p.timeouts_in_row = p.timeouts_in_row.max(1);
-                    let (una, next) = (p.una, p.next_seq);
-                    let mut s = una;
-                    while s != next {
-                        let slot = s.0 as usize % PATH_RING;
-                        let p = &self.paths[i];
-                        if p.ring_psn[slot] != NO_PSN && p.ring_sent[slot] <= before {
-                            self.declare_lost(i, s, now);
-                        }
-                        s = s.add(1);
-                    }
-                    self.settle_path_una(i);
+                    self.lose_before_tail_probe(i, now);
                     self.path_silent(i, now);
                     continue;
                 }
@@ -1997,6 +1973,24 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 break;
             }
         }
+    }
+
+    /// Ends path `i`'s tail probe: whatever left before it and is still unresolved was lost (the
+    /// probe's ACK did not report it, or no answer came).
+    fn lose_before_tail_probe(&mut self, i: usize, now: Instant) {
+        let p = &mut self.paths[i];
+        p.tail_probe_ts = None;
+        let (before, una, next) = (p.tail_probe_at, p.una, p.next_seq);
+        let mut s = una;
+        while s != next {
+            let p = &self.paths[i];
+            let slot = s.0 as usize % PATH_RING;
+            if p.ring_psn[slot] != NO_PSN && p.ring_sent[slot] <= before {
+                self.declare_lost(i, s, now);
+            }
+            s = s.add(1);
+        }
+        self.settle_path_una(i);
     }
 
     /// Declares transmission `seq` on path `i` lost (a gap, or left before a tail probe).
