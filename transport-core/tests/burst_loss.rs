@@ -6,8 +6,8 @@
 
 mod common;
 
-use common::{Pair, BASE};
-use transport_core::conn::{Event, RemoteAddr, Status, WorkRequest, WrOp};
+use common::Pair;
+use transport_core::conn::{Event, Status};
 use transport_core::wire::{BthRepr, Extensions};
 
 const KEY: u32 = 0x44;
@@ -21,17 +21,8 @@ fn data_path(d: &[u8]) -> Option<u8> {
 
 fn run() -> (u64, transport_core::conn::Counters) {
     let mut p = Pair::granting_writes(KEY);
-    let wr = WorkRequest {
-        id: 1,
-        op: WrOp::Write,
-        stream: 0,
-        local_addr: BASE,
-        len: 256 * 1024,
-        remote: RemoteAddr {
-            va: BASE,
-            rkey: KEY,
-        },
-    };
+    let wr = common::write_at(1, 0, 256 * 1024, KEY);
+
     p.a.conn.post(0, wr).unwrap();
     // Path 2's first flight is lost whole.
     let mut first_flight = true;

@@ -8,9 +8,7 @@ mod common;
 
 use common::{path_base, Pair, BASE};
 use proptest::prelude::*;
-use transport_core::conn::{
-    compute_icrc, path_origin, DropReason, Event, RemoteAddr, Status, WorkRequest, WrOp,
-};
+use transport_core::conn::{compute_icrc, path_origin, DropReason, Event, Status, WorkRequest};
 use transport_core::wire::metaroce::{
     MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr, NackReason, SACK_BITS,
 };
@@ -23,17 +21,7 @@ fn pair() -> Pair {
 }
 
 fn write(id: u64, offset: u64, len: u32) -> WorkRequest {
-    WorkRequest {
-        id,
-        op: WrOp::Write,
-        stream: 0,
-        local_addr: BASE + offset,
-        len,
-        remote: RemoteAddr {
-            va: BASE + offset,
-            rkey: KEY,
-        },
-    }
+    common::write_at(id, offset, len, KEY)
 }
 
 /// A datagram to side A (`to_b` false) or B, as its peer would send it from `src_port`, with a

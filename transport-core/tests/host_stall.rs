@@ -4,25 +4,16 @@
 
 mod common;
 
-use common::{Pair, BASE};
-use transport_core::conn::{RemoteAddr, Status, WorkRequest, WrOp};
+use common::Pair;
+use transport_core::conn::Status;
 
 const KEY: u32 = 0x33;
 
 #[test]
 fn a_stall_restarts_the_timers_and_what_arrived_meanwhile_settles_the_flight() {
     let mut p = Pair::granting_writes(KEY);
-    let wr = WorkRequest {
-        id: 1,
-        op: WrOp::Write,
-        stream: 0,
-        local_addr: BASE,
-        len: 8192,
-        remote: RemoteAddr {
-            va: BASE,
-            rkey: KEY,
-        },
-    };
+    let wr = common::write_at(1, 0, 8192, KEY);
+
     p.a.conn.post(0, wr).unwrap();
     p.transmit();
     let first_deadline = p.a.conn.poll_timeout().expect("a timer for the flight");

@@ -46,6 +46,21 @@ pub fn config(local: u8, remote: u8) -> Config {
     c
 }
 
+/// A Write of `len` bytes from A's memory at `offset` to the same offset of B's, under `rkey`.
+pub fn write_at(id: u64, offset: u64, len: u32, rkey: u32) -> transport_core::conn::WorkRequest {
+    transport_core::conn::WorkRequest {
+        id,
+        op: transport_core::conn::WrOp::Write,
+        stream: 0,
+        local_addr: BASE + offset,
+        len,
+        remote: transport_core::conn::RemoteAddr {
+            va: BASE + offset,
+            rkey,
+        },
+    }
+}
+
 /// Where the path sequences of the side with address `x` start.
 pub fn path_base(x: u8) -> u32 {
     0xffff_ffc0_u32.wrapping_add(u32::from(x) * 8)
