@@ -115,9 +115,13 @@ struct SelftestArgs {
     /// Paths per connection (1-64).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u8).range(1..=64))]
     paths: u8,
-    /// Probability that the link loses a packet.
+    /// The share of packets the link loses.
     #[arg(long, default_value_t = 0.0)]
     loss: f64,
+    /// How losses fall: 1 (each packet on its own), N (a run of the next N packets of one path
+    /// in one direction), or `flight` (a path's whole window). The share stays --loss.
+    #[arg(long, default_value = "1", value_parser = parse_burst)]
+    burst: selftest::Burst,
     /// Probability that a packet is delayed (reordered against other paths).
     #[arg(long, default_value_t = 0.0)]
     reorder: f64,
@@ -164,6 +168,19 @@ fn parse_size(s: &str) -> Result<u64, String> {
     };
     n.checked_mul(mult)
         .ok_or_else(|| format!("'{s}' is too large"))
+}
+
+fn parse_burst(s: &str) -> Result<selftest::Burst, String> {
+    match s.trim() {
+        "flight" => Ok(selftest::Burst::Flight),
+        t => match t.parse::<u32>() {
+            Ok(1) => Ok(selftest::Burst::Independent),
+            Ok(n @ 2..=4096) => Ok(selftest::Burst::Run(n)),
+            _ => Err(format!(
+                "'{s}' is not a burst: 1, a run length up to 4096, or 'flight'"
+            )),
+        },
+    }
 }
 
 fn parse_duration(s: &str) -> Result<u64, String> {
@@ -383,6 +400,7 @@ fn run_selftest(a: &SelftestArgs) -> io::Result<ExitCode> {
         bytes: a.bytes,
         paths: a.paths,
         loss: a.loss,
+        burst: a.burst,
         reorder: a.reorder,
         dup: a.dup,
         corrupt: a.corrupt,

@@ -1,6 +1,6 @@
-//! A two-endpoint harness: two connections over a seeded virtual link in virtual time, with loss,
-//! reordering, duplication, corruption and delay per path, and optionally a path that dies. It
-//! moves real bytes between two memories and verifies every one of them.
+//! A two-endpoint harness: two connections over a seeded virtual link in virtual time, with loss
+//! (independent or in runs), reordering, duplication, corruption and delay per path, and optionally
+//! a path that dies. It moves real bytes between two memories and verifies every one of them.
 //!
 //! The link follows ECMP: each UDP source port is a route; packets of one route keep their order
 //! (a delayed packet delays those behind it), packets of different routes overtake each other.
@@ -34,6 +34,30 @@ pub enum Ops {
     Mixed,
 }
 
+/// How the link's losses fall.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Burst {
+    /// Each datagram is lost on its own.
+    Independent,
+    /// A loss takes the next N datagrams of one route (one path in one direction), as a switch
+    /// whose buffer is full drops what arrives next, or a kernel that moves a path's consecutive
+    /// datagrams as one buffer (GSO, GRO) drops them together.
+    Run(u32),
+    /// A loss takes a path's whole flight: the next `window_per_path` datagrams of its route.
+    Flight,
+}
+
+impl Burst {
+    /// Datagrams one loss event takes.
+    pub fn len(self, window_per_path: u32) -> u32 {
+        match self {
+            Burst::Independent => 1,
+            Burst::Run(n) => n.max(1),
+            Burst::Flight => window_per_path.max(1),
+        }
+    }
+}
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct SelftestConfig {
@@ -41,8 +65,10 @@ pub struct SelftestConfig {
     pub bytes: u64,
     /// Paths per connection.
     pub paths: u8,
-    /// Probability that a packet is lost.
+    /// The share of datagrams lost (in expectation; see `burst` for how they fall).
     pub loss: f64,
+    /// How losses fall: one by one, or in runs on one route.
+    pub burst: Burst,
     /// Probability that a packet is delayed by up to `jitter_ns` (reordering across routes).
     pub reorder: f64,
     /// Probability that a packet is delivered twice.
@@ -75,6 +101,7 @@ impl Default for SelftestConfig {
             bytes: 64 << 20,
             paths: 16,
             loss: 0.0,
+            burst: Burst::Independent,
             reorder: 0.0,
             dup: 0.0,
             corrupt: 0.0,
@@ -326,6 +353,21 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
     let mut heap: BinaryHeap<Reverse<Arrival>> = BinaryHeap::new();
     let mut route_last: HashMap<(bool, u16), u64> = HashMap::new();
     let mut dead_ports: Vec<(bool, u16)> = Vec::new();
+    // Losses in runs: a loss event starts with probability `start` on a datagram outside a run and
+    // takes it and the next `run - 1` datagrams of its kind on its route. With f the share to lose and N the
+    // run, a cycle is 1/start - 1 datagrams kept then N lost, so start = f / (N (1 - f) + f) keeps
+    // the share at f.
+    let run = cfg.burst.len(cfg.window_per_path);
+    let start = if cfg.loss >= 1.0 {
+        1.0
+    } else {
+        cfg.loss / (f64::from(run) * (1.0 - cfg.loss) + cfg.loss)
+    };
+    // Runs take data datagrams of one route, and a run counts only those: the data share lost
+    // stays f whatever control traffic goes between them. Control datagrams (ACKs, NACKs, probes)
+    // are lost one by one at the same share: they are sparse on a route, and a run of them would
+    // span many round trips, an outage that `fail_path` models instead.
+    let mut run_left: HashMap<(bool, u16), u32> = HashMap::new();
     let mut failed = cfg.fail_path.is_none();
     let mut placed: HashMap<u64, u32> = HashMap::new(); // destination address -> length
     let mut next_post = 0usize;
@@ -461,7 +503,19 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
                 // The link.
                 let data = Opcode::from_u8(bytes[0]).is_metaroce() && bytes[0] < 0xe0;
                 let dead = dead_ports.contains(&(is_a, tx.src_port));
-                let lost = dead || rng.chance_f(cfg.loss);
+                let left = run_left.entry((is_a, tx.src_port)).or_insert(0);
+                let lost = dead
+                    || if !data {
+                        rng.chance_f(cfg.loss)
+                    } else if *left > 0 {
+                        *left -= 1;
+                        true
+                    } else if rng.chance_f(start) {
+                        *left = run - 1;
+                        true
+                    } else {
+                        false
+                    };
                 let corrupt = !lost && rng.chance_f(cfg.corrupt);
                 if data && (lost || corrupt) {
                     report.data_packets_lost += 1;

@@ -229,4 +229,24 @@ fn selftest_prints_the_promised_keys_and_exits_by_the_result() {
     assert_eq!(bad.status.code(), Some(2));
     let bad = metaroce(&["selftest", "--bytes", "12XB"], None);
     assert!(!bad.status.success());
+    for burst in ["8", "flight"] {
+        let runs = metaroce(
+            &[
+                "selftest", "--bytes", "2MiB", "--loss", "0.05", "--burst", burst, "--json",
+            ],
+            None,
+        );
+        assert!(runs.status.success(), "--burst {burst}");
+        let v: serde_json::Value = serde_json::from_slice(&runs.stdout).expect("one JSON object");
+        assert_eq!(v["bytes_verified"], 2 << 20);
+        assert!(v["data_packets_lost"].as_u64().unwrap() > 0, "{v}");
+    }
+    for bad_burst in ["0", "many", "5000"] {
+        let bad = metaroce(&["selftest", "--burst", bad_burst], None);
+        assert_eq!(bad.status.code(), Some(2), "--burst {bad_burst}");
+        assert!(
+            String::from_utf8_lossy(&bad.stderr).contains("is not a burst"),
+            "--burst {bad_burst}"
+        );
+    }
 }

@@ -7,6 +7,7 @@
 mod common;
 
 use common::Pair;
+use proptest::prelude::*;
 use transport_core::conn::{Event, Status};
 use transport_core::wire::{BthRepr, Extensions};
 
@@ -54,4 +55,77 @@ fn a_path_whose_whole_flight_is_lost_is_repaired_within_round_trips_not_a_timeou
     assert_eq!(c.retransmitted, c.lost_by_sack, "{c:?}");
     // The pair's round trip is a few microseconds; its timeouts are 100 and 320 us.
     assert!(took < 100_000, "took {took} ns: {c:?}");
+}
+
+/// Moves 256 KiB from A to B while runs of A's data packets are lost: a run starts on a packet
+/// of path p when the next draw of a small generator falls below `share`, and takes that packet
+/// and the next `run - 1` of the same path. Returns the time taken, the data packets lost and A's
+/// counters.
+fn run_with_bursts(
+    seed: u64,
+    run: u32,
+    share_per_mille: u64,
+) -> (u64, u64, transport_core::conn::Counters) {
+    let mut p = Pair::granting_writes(KEY);
+    p.a.conn
+        .post(0, common::write_at(1, 0, 256 * 1024, KEY))
+        .unwrap();
+    let mut state = seed | 1;
+    let mut left = [0u32; 256];
+    let mut lost = 0u64;
+    let start = p.now;
+    let mut done = false;
+    for _ in 0..200_000 {
+        p.round(&mut |to_b, d| {
+            let Some(path) = to_b.then(|| data_path(d)).flatten() else {
+                return false;
+            };
+            let l = &mut left[usize::from(path)];
+            // xorshift64: a draw per data packet outside a run.
+            let drop = if *l > 0 {
+                *l -= 1;
+                true
+            } else {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                if state % 1000 < share_per_mille {
+                    *l = run - 1;
+                    true
+                } else {
+                    false
+                }
+            };
+            lost += u64::from(drop);
+            drop
+        });
+        if p.a.events.iter().any(|e| matches!(e, Event::Completion(_))) {
+            done = true;
+            break;
+        }
+    }
+    assert!(done, "the write never completed: {:?}", p.a.conn.counters());
+    assert!(p
+        .a
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Completion(c) if c.id == 1 && c.status == Status::Success)));
+    assert!(
+        p.a.mem[..256 * 1024] == p.b.mem[..256 * 1024],
+        "bytes differ"
+    );
+    (p.now - start, lost, *p.a.conn.counters())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Whatever the run length (one packet to twice a path's window) and the share lost (up to
+    /// 20%), every byte arrives, and nothing goes again that arrived: the ACKs all arrive here,
+    /// so a retransmission is owed only for a packet lost.
+    #[test]
+    fn runs_of_losses_are_repaired_exactly(seed in any::<u64>(), run in 1u32..=32, share in 0u64..=200) {
+        let (_, lost, c) = run_with_bursts(seed, run, share);
+        prop_assert!(c.retransmitted <= lost, "{} retransmissions for {} lost: {:?}", c.retransmitted, lost, c);
+    }
 }
