@@ -9,7 +9,7 @@ mod common;
 use common::Pair;
 use proptest::prelude::*;
 use transport_core::conn::{Event, Status};
-use transport_core::wire::{BthRepr, Extensions};
+use transport_core::wire::{BthRepr, Extensions, Opcode};
 
 const KEY: u32 = 0x44;
 
@@ -18,6 +18,55 @@ fn data_path(d: &[u8]) -> Option<u8> {
     let (bth, rest) = BthRepr::parse(d).ok()?;
     let (ext, _) = Extensions::parse(bth.opcode.layout(), rest).ok()?;
     ext.mr_data().map(|m| m.path_id)
+}
+
+/// The path an ACK names (alone or carried), and whether the packet is a probe (not a reply).
+fn ack_path(d: &[u8]) -> Option<u8> {
+    let (bth, rest) = BthRepr::parse(d).ok()?;
+    let (ext, _) = Extensions::parse(bth.opcode.layout(), rest).ok()?;
+    ext.mr_ack().map(|a| a.path_id)
+}
+
+fn probe_path(d: &[u8]) -> Option<u8> {
+    let (bth, rest) = BthRepr::parse(d).ok()?;
+    if bth.opcode != Opcode::MrProbe {
+        return None;
+    }
+    match Extensions::parse(bth.opcode.layout(), rest).ok()?.0 {
+        Extensions::MrProbe(p) => Some(p.path_id),
+        _ => None,
+    }
+}
+
+/// Moves 256 KiB from A to B; `lose` sees (to B, bytes) and the probes A has sent so far on
+/// path 2. Returns the time taken and A's counters.
+fn transfer(
+    lose: &mut impl FnMut(bool, &[u8], u64) -> bool,
+) -> (u64, transport_core::conn::Counters) {
+    let mut p = Pair::granting_writes(KEY);
+    p.a.conn
+        .post(0, common::write_at(1, 0, 256 * 1024, KEY))
+        .unwrap();
+    let start = p.now;
+    let mut probes = 0u64;
+    for _ in 0..20_000 {
+        p.round(&mut |to_b, d| {
+            if to_b && probe_path(d) == Some(2) {
+                probes += 1;
+            }
+            lose(to_b, d, probes)
+        });
+        if p.a.events.iter().any(|e| matches!(e, Event::Completion(_))) {
+            break;
+        }
+    }
+    assert!(p
+        .a
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Completion(c) if c.id == 1 && c.status == Status::Success)));
+    assert!(p.a.mem[..256 * 1024] == p.b.mem[..256 * 1024]);
+    (p.now - start, *p.a.conn.counters())
 }
 
 fn run() -> (u64, transport_core::conn::Counters) {
@@ -55,6 +104,47 @@ fn a_path_whose_whole_flight_is_lost_is_repaired_within_round_trips_not_a_timeou
     assert_eq!(c.retransmitted, c.lost_by_sack, "{c:?}");
     // The pair's round trip is a few microseconds; its timeouts are 100 and 320 us.
     assert!(took < 100_000, "took {took} ns: {c:?}");
+}
+
+#[test]
+fn a_lost_tail_probe_is_sent_again_before_the_flight_is_declared_lost() {
+    // Path 2's first flight and the first probe of its tail are lost: the second probe's answer
+    // says what to send again, still within round trips.
+    let mut flight = true;
+    let (took, c) = transfer(&mut |to_b, d, probes| {
+        if probes > 0 {
+            flight = false;
+        }
+        (to_b && flight && data_path(d) == Some(2)) || (probes == 1 && probe_path(d) == Some(2))
+    });
+    assert!(c.probes_sent >= 2, "{c:?}");
+    assert_eq!(c.lost_by_timeout, 0, "{c:?}");
+    assert_eq!(c.retransmitted, c.lost_by_sack, "{c:?}");
+    assert!(c.retransmitted > 0, "{c:?}");
+    assert!(took < 100_000, "took {took} ns: {c:?}");
+}
+
+#[test]
+fn a_tail_whose_acks_and_first_probe_are_lost_is_not_sent_again() {
+    // Every ACK is lost until path 2's tail is probed, and that first probe is lost too; the
+    // first data packet is lost three times, so that the cumulative PSN cannot vouch for what
+    // path 2 carried. One unanswered probe proves nothing: the second one's answer shows that
+    // path 2's flight arrived, and only the first packet goes again.
+    let mut first_psn = None;
+    let mut first_lost = 0;
+    let (_, c) = transfer(&mut |to_b, d, probes| {
+        if to_b && data_path(d).is_some() {
+            let psn = BthRepr::parse(d).unwrap().0.psn;
+            if *first_psn.get_or_insert(psn) == psn && first_lost < 3 {
+                first_lost += 1;
+                return true;
+            }
+        }
+        (!to_b && probes == 0 && ack_path(d).is_some()) || (probes == 1 && probe_path(d) == Some(2))
+    });
+    assert!(c.probes_sent >= 2, "{c:?}");
+    assert_eq!(first_lost, 3);
+    assert_eq!(c.retransmitted, 3, "{c:?}");
 }
 
 /// Moves 256 KiB from A to B while runs of A's data packets are lost: a run starts on a packet

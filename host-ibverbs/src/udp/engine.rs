@@ -571,6 +571,11 @@ impl Engine {
         if n > 0 {
             self.counters.rx_syscalls += 1;
         }
+        // The time of arrival is now, after the call, not when the round began: a round's
+        // transmissions can take tens of microseconds, and an ACK read with the round's start
+        // time would shorten its RTT sample by that much (and a data packet's time would
+        // lengthen the ACK delay its receiver reports, shortening the sender's sample again).
+        let now = if n > 0 { self.now() } else { now };
         for i in 0..n {
             let (data, meta) = batch.get(i);
             let seg = if meta.segment > 0 {

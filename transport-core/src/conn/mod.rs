@@ -49,6 +49,9 @@ const PATH_RING: usize = SACK_BITS;
 const NO_PSN: u32 = u32::MAX;
 /// The path of a packet whose last transmission no longer counts (refused receiver-not-ready).
 const NO_PATH: u8 = u8::MAX;
+/// Tail probes sent before the silence of a path's tail is taken as the loss of what it carried
+/// (one more than one: a lost probe or a lost answer alone must not declare a window lost).
+const TAIL_PROBE_TRIES: u8 = 2;
 /// Pending NACKs at most.
 const NACK_QUEUE: usize = 16;
 /// Fatal refusals a responder holds until the requester confirms them; while all are taken, a
@@ -276,6 +279,9 @@ struct TxPath {
     probe_seq: u32,
     probe_ts: u32,
     probe_outstanding: bool,
+    /// The probe sent before the outstanding one, if it was still unanswered then (sequence,
+    /// timestamp): its late answer is genuine, not counted as a bad probe, and changes nothing.
+    probe_superseded: Option<(u32, u32)>,
     probe_due: Instant,
     probe_pending: bool,
     probes_unanswered: u8,
@@ -285,6 +291,12 @@ struct TxPath {
     tail_probe_ts: Option<u32>,
     /// When that tail probe left.
     tail_probe_at: Instant,
+    /// When the first tail probe of this round left: what left before it and is unresolved when
+    /// the round ends is lost.
+    tail_probe_cut: Instant,
+    /// Tail probes sent this round (a round ends with an answer, or with `TAIL_PROBE_TRIES`
+    /// unanswered).
+    tail_probe_tries: u8,
     /// The retransmission timer runs from the later of this and the oldest transmission.
     timer_from: Instant,
     /// When the last consistent ACK of this path arrived.
@@ -488,12 +500,15 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 .wrapping_add((i as u32).wrapping_mul(0x85eb_ca6b)),
             probe_ts: 0,
             probe_outstanding: false,
+            probe_superseded: None,
             probe_due: 0,
             probe_pending: false,
             probes_unanswered: 0,
             tail_probe_pending: false,
             tail_probe_ts: None,
             tail_probe_at: 0,
+            tail_probe_cut: 0,
+            tail_probe_tries: 0,
             timer_from: 0,
             last_ack_at: 0,
             cwnd: cfg.window_per_path * CWND_ONE,
@@ -864,6 +879,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let p = &mut self.paths[i];
         p.una = next;
         p.stats.lost += lost;
+        // Everything in flight is resolved: a tail probe round still open has nothing to settle.
+        p.tail_probe_pending = false;
+        p.tail_probe_ts = None;
+        p.tail_probe_tries = 0;
         self.counters.lost_by_timeout += lost;
         self.path_silent(i, now);
     }
@@ -1112,6 +1131,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 p.tail_probe_pending = false;
                 p.tail_probe_ts = Some(now as u32);
                 p.tail_probe_at = now;
+                if p.tail_probe_tries == 0 {
+                    p.tail_probe_cut = now;
+                }
+                p.tail_probe_tries = p.tail_probe_tries.saturating_add(1);
                 return self.send_probe(now, buf, i);
             }
         }
@@ -1146,6 +1169,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// Writes the next probe of path `i` (a new probe sequence number, this end's clock).
     fn send_probe(&mut self, now: Instant, buf: &mut [u8], i: usize) -> Option<Transmit> {
         let p = &mut self.paths[i];
+        p.probe_superseded = p.probe_outstanding.then_some((p.probe_seq, p.probe_ts));
         p.probe_seq = p.probe_seq.wrapping_add(1);
         p.probe_ts = now as u32;
         p.probe_outstanding = true;
@@ -1552,6 +1576,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             return Ok(());
         }
         let p = &mut self.paths[i];
+        if p.probe_superseded == Some((probe.probe_seq, probe.ts_echo)) {
+            p.probe_superseded = None;
+            return Ok(());
+        }
         if !p.probe_outstanding || probe.probe_seq != p.probe_seq || probe.ts_echo != p.probe_ts {
             self.counters.drop_bad_probe += 1;
             return Err(DropReason::Inconsistent);
@@ -1948,9 +1976,16 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 }
                 if p.tail_probe_ts.is_some() {
                     // A probe is out. Its answer settles the path; none within a round trip
-                    // means the route lost what left before it: declared lost now, not at the
-                    // retransmission timeout.
+                    // means the probe or its answer was lost, or the route lost what left before
+                    // it. One more probe tells which (a lost probe or answer must not cost a
+                    // window of needless retransmissions); when it is not answered either, what
+                    // left before the first is declared lost, not at the retransmission timeout.
                     if now < p.tail_probe_at + wait {
+                        break;
+                    }
+                    if p.tail_probe_tries < TAIL_PROBE_TRIES {
+                        p.tail_probe_pending = true;
+                        self.control_dirty = true;
                         break;
                     }
                     // The probe counts as the first silence, its lack of answer as the second:
@@ -1980,7 +2015,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     fn lose_before_tail_probe(&mut self, i: usize, now: Instant) {
         let p = &mut self.paths[i];
         p.tail_probe_ts = None;
-        let (before, una, next) = (p.tail_probe_at, p.una, p.next_seq);
+        p.tail_probe_tries = 0;
+        let (before, una, next) = (p.tail_probe_cut, p.una, p.next_seq);
         let mut s = una;
         while s != next {
             let p = &self.paths[i];
