@@ -164,7 +164,7 @@ impl PerfConfig {
             qps: 1,
             paths: 8,
             mtu: None,
-            window: 16,
+            window: 64,
             tx_depth: 128,
             all_sizes: false,
             busy_poll: false,
