@@ -121,17 +121,18 @@ pub struct QpAttr {
 }
 
 impl Default for QpAttr {
-    /// 8 paths, 4096-byte packets, 64 packets in flight per path, and timers sized for a host:
+    /// 8 paths, 4096-byte packets, 32 packets in flight per path, and timers sized for a host:
     /// a software endpoint can be descheduled for hundreds of microseconds, so the RTO starts at
     /// 1 ms rather than the 100 us a NIC would use. The window too is sized for a host: its
-    /// round trip includes batching in both kernels and both engines (tens of microseconds), so
-    /// 16 packets per path (a NIC's few-microsecond round trip) would cap a veth at about 0.8x
-    /// of one TCP stream.
+    /// round trip includes batching in both kernels and both engines (tens of microseconds):
+    /// across a veth 16 packets per path (a NIC's few-microsecond round trip) held write-bw to
+    /// 0.8x of one TCP stream, and 64 held send-bw back (more in flight than the receiver's
+    /// cache holds).
     fn default() -> Self {
         QpAttr {
             paths: 8,
             mtu: 4096,
-            window_per_path: 64,
+            window_per_path: 32,
             pkey: 0xffff,
             rto_low: 1_000_000,
             rto_high: 4_000_000,
