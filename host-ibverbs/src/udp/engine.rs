@@ -315,6 +315,10 @@ fn stage_of(
 pub(crate) struct Engine {
     /// `monotonic_ns` when the device opened.
     epoch: u64,
+    /// The latest time handed to any connection: a datagram's kernel arrival time is used when it
+    /// is later than this (it waited in the socket for this host's CPU), never earlier, so that
+    /// the connections' clock never goes back.
+    clock_floor: u64,
     pub rx: UdpSocket,
     pub local_ip: IpAddr,
     opts: SocketOptions,
@@ -374,6 +378,7 @@ impl Engine {
         let local_ip = rx.local_addr().ip();
         Engine {
             epoch: super::socket::monotonic_ns(),
+            clock_floor: 0,
             rx,
             local_ip,
             opts,
@@ -408,6 +413,13 @@ impl Engine {
         since(self.epoch)
     }
 
+    /// `now()`, for a call into a connection: later arrivals are never dated before it.
+    pub fn stamp(&mut self) -> u64 {
+        let t = self.now();
+        self.clock_floor = self.clock_floor.max(t);
+        t
+    }
+
     /// The regions of protection domain `pd`, as the core registers them.
     pub fn regions_of(&self, pd: u32) -> Vec<Region> {
         self.mems
@@ -435,6 +447,7 @@ impl Engine {
             self.host_stalled(now);
         }
         self.expected_at = now;
+        self.clock_floor = self.clock_floor.max(now);
         if self.deadline_stale {
             self.refresh_deadline();
         }
@@ -486,10 +499,13 @@ impl Engine {
             // Waking later than asked (or than a datagram came) is the host's delay, not ours.
             self.expected_at = now + timeout;
             if timeout > 0 && self.rx.wait_readable_ns(timeout).unwrap_or(false) {
+                // What arrived while this end slept is dated by the kernel: the time to wake up
+                // counts in no RTT and no ACK delay.
                 let now = self.now();
                 if self.receive(now, RX_BATCH) > 0 {
                     busy = true;
                 }
+                self.clock_floor = self.clock_floor.max(now);
                 busy |= self.transmit(now);
                 self.drain_events();
                 self.deadline_stale = true;
@@ -573,13 +589,28 @@ impl Engine {
         if n > 0 {
             self.counters.rx_syscalls += 1;
         }
-        // The time of arrival is now, after the call, not when the round began: a round's
-        // transmissions can take tens of microseconds, and an ACK read with the round's start
-        // time would shorten its RTT sample by that much (and a data packet's time would
-        // lengthen the ACK delay its receiver reports, shortening the sender's sample again).
-        let now = if n > 0 { self.now() } else { now };
+        // Each datagram is dated by the kernel's arrival time where that is later than what the
+        // connections were last told (it waited in the socket while this end slept or was
+        // descheduled: neither an RTT sample nor an ACK delay may count that), else by now,
+        // after the call: an ACK read with the round's start time would shorten its RTT sample
+        // by the round's transmissions (and a data packet's time would lengthen the ACK delay
+        // its receiver reports, shortening the sender's sample again).
+        let (now, real) = if n > 0 {
+            (self.now(), super::socket::realtime_ns())
+        } else {
+            (now, 0)
+        };
         for i in 0..n {
             let (data, meta) = batch.get(i);
+            let at = if meta.arrived_realtime > 0 {
+                let waited = real.saturating_sub(meta.arrived_realtime);
+                now.saturating_sub(waited)
+                    .clamp(self.clock_floor.min(now), now)
+            } else {
+                now
+            };
+            self.clock_floor = self.clock_floor.max(at);
+            let now = at;
             let seg = if meta.segment > 0 {
                 meta.segment
             } else {

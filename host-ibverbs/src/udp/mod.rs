@@ -827,7 +827,7 @@ impl QueuePair {
         let keep: engine::Keepalive = mr.inner.clone();
         let qpn = self.inner.qpn;
         self.inner.pd.ctx.with(|e| {
-            let now = e.now();
+            let now = e.stamp();
             let qp = e
                 .qps
                 .get_mut(&qpn)

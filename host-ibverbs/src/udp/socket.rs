@@ -14,6 +14,11 @@ const IPV6_RECVTCLASS: libc::c_int = 66;
 const IPV6_TCLASS: libc::c_int = 67;
 const UDP_SEGMENT: libc::c_int = 103;
 const UDP_GRO: libc::c_int = 104;
+/// `SO_TIMESTAMPNS` with the native `timespec` of 64-bit Linux (also its `SCM_TIMESTAMPNS`).
+const SO_TIMESTAMPNS_OLD: libc::c_int = 35;
+/// Control buffer per received message: room for IP_TOS or IPV6_TCLASS, UDP_GRO and
+/// SCM_TIMESTAMPNS (24 + 24 + 32 bytes), with room to spare.
+const CONTROL_WORDS: usize = 16;
 const SOL_UDP: libc::c_int = 17;
 
 /// ECN-capable transport, code point 0: how every datagram leaves.
@@ -43,7 +48,7 @@ pub struct RecvBatch {
     names: Box<[libc::sockaddr_storage]>,
     // Only reached through `hdrs`, which point into them; kept here so they live as long.
     _iovs: Box<[libc::iovec]>,
-    _controls: Box<[[u64; 8]]>,
+    _controls: Box<[[u64; CONTROL_WORDS]]>,
     hdrs: Box<[libc::mmsghdr]>,
     meta: Vec<RecvMeta>,
 }
@@ -62,7 +67,8 @@ impl RecvBatch {
                 iov_len: b.len(),
             })
             .collect();
-        let mut controls: Box<[[u64; 8]]> = vec![[0u64; 8]; count].into_boxed_slice();
+        let mut controls: Box<[[u64; CONTROL_WORDS]]> =
+            vec![[0u64; CONTROL_WORDS]; count].into_boxed_slice();
         let hdrs: Box<[libc::mmsghdr]> = (0..count)
             .map(|i| {
                 // SAFETY: all-zero is a valid mmsghdr; the pointers set point into the boxed
@@ -135,17 +141,28 @@ pub struct RecvMeta {
     pub ecn: u8,
     /// With GRO: the size of each coalesced datagram (the last may be shorter); 0 otherwise.
     pub segment: usize,
+    /// When the kernel received it (`SO_TIMESTAMPNS`, CLOCK_REALTIME, ns); 0 when unknown.
+    pub arrived_realtime: u64,
 }
 
 /// CLOCK_MONOTONIC (the clock `Instant` reads) in nanoseconds, as one integer: without `Instant`'s
 /// checked timespec arithmetic, which costs more than reading the clock in a spinning loop.
 pub(crate) fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// CLOCK_REALTIME in nanoseconds (the clock of the kernel's receive timestamps).
+pub(crate) fn realtime_ns() -> u64 {
+    clock_ns(libc::CLOCK_REALTIME)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC exists on every Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // SAFETY: `ts` is a valid, writable timespec; both clocks used exist on every Linux.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
     (ts.tv_sec as u64)
         .wrapping_mul(1_000_000_000)
         .wrapping_add(ts.tv_nsec as u64)
@@ -302,6 +319,9 @@ impl UdpSocket {
             );
         }
         let gro = opts.gro && set_opt(raw, SOL_UDP, UDP_GRO, 1).is_ok();
+        // The kernel's arrival time of each datagram (best effort): the time a datagram waited
+        // in the socket for this host's CPU is then not counted in RTTs and ACK delays.
+        let _ = set_opt(raw, libc::SOL_SOCKET, SO_TIMESTAMPNS_OLD, 1);
         let (storage, len) = to_raw(&addr);
         // SAFETY: `storage` holds a valid socket address of `len` bytes.
         cvt(unsafe { libc::bind(raw, (&storage as *const libc::sockaddr_storage).cast(), len) })?;
@@ -465,7 +485,7 @@ impl UdpSocket {
         for h in batch.hdrs[..n].iter_mut() {
             // The kernel shrinks these to what it wrote: give the full room back.
             h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_hdr.msg_controllen = size_of::<[u64; 8]>() as _;
+            h.msg_hdr.msg_controllen = size_of::<[u64; CONTROL_WORDS]>() as _;
         }
         // SAFETY (both calls): every header points at the batch's own names, iovecs, controls
         // and buffers, heap allocations that live as long as the batch and do not move with it.
@@ -511,6 +531,7 @@ impl UdpSocket {
                 src: from_raw(&batch.names[i]),
                 ecn: 0,
                 segment: 0,
+                arrived_realtime: 0,
             };
             // SAFETY: the kernel filled `msg_control` with `msg_controllen` bytes of cmsgs; the
             // CMSG_* macros walk them within those bounds.
@@ -531,6 +552,11 @@ impl UdpSocket {
                         m.ecn = (v & 0b11) as u8;
                     } else if level == SOL_UDP && kind == UDP_GRO {
                         m.segment = data.cast::<i32>().read_unaligned().max(0) as usize;
+                    } else if level == libc::SOL_SOCKET && kind == SO_TIMESTAMPNS_OLD {
+                        let ts = data.cast::<libc::timespec>().read_unaligned();
+                        m.arrived_realtime = (ts.tv_sec.max(0) as u64)
+                            .wrapping_mul(1_000_000_000)
+                            .wrapping_add(ts.tv_nsec.max(0) as u64);
                     }
                     cmsg = libc::CMSG_NXTHDR(h, cmsg);
                 }
@@ -605,6 +631,40 @@ mod tests {
         assert_eq!(got[0].0, b"hello");
         assert_eq!(got[0].1.ecn, ECT0, "the receiver sees ECT(0)");
         assert_eq!(got[0].1.src, Some(a.local_addr()));
+    }
+
+    #[test]
+    #[cfg_attr(
+        target_arch = "aarch64",
+        ignore = "the CI runs aarch64 tests under qemu-user, which drops SCM_TIMESTAMPNS (the \
+                  engine then dates arrivals when it reads them); runs natively on x86-64"
+    )]
+    fn the_kernel_dates_each_arrival() {
+        let a = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &opts()).unwrap();
+        let b = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &opts()).unwrap();
+        // The kernel turns receive timestamps on for the first socket that asks a moment later
+        // (a deferred switch); until then it dates a datagram when it is read.
+        a.send(&b.local_addr(), b"warm-up", 0).unwrap();
+        assert_eq!(recv_all(&b).len(), 1);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let before = realtime_ns();
+        a.send(&b.local_addr(), b"first", 0).unwrap();
+        // The second datagram waits in the socket for 30 ms before it is read: its date is
+        // when it arrived, not when it was read.
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        a.send(&b.local_addr(), b"second", 0).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        let read_at = realtime_ns();
+        let got = recv_all(&b);
+        assert_eq!(got.len(), 2);
+        let (first, second) = (got[0].1.arrived_realtime, got[1].1.arrived_realtime);
+        assert!(
+            before <= first && first < second && second <= read_at,
+            "{got:?}"
+        );
+        assert!(second - first >= 25_000_000, "{got:?}");
+        assert!(first - before < 25_000_000, "{got:?}");
+        assert!(read_at - second >= 25_000_000, "{got:?}");
     }
 
     #[test]
