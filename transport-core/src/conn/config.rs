@@ -1,0 +1,132 @@
+//! The connection's configuration, and the numbers derived from it per path.
+
+use super::*;
+
+/// How a connection behaves. Times are nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Config {
+    /// This end's connection number (the peer's destination QP).
+    pub local_qpn: Qpn,
+    /// The peer's connection number.
+    pub remote_qpn: Qpn,
+    /// The partition key both ends use.
+    pub pkey: u16,
+    /// This end's IP address (it enters the ICRC).
+    #[cfg_attr(feature = "defmt", defmt(Debug2Format))]
+    pub local_ip: IpAddr,
+    /// The peer's IP address.
+    #[cfg_attr(feature = "defmt", defmt(Debug2Format))]
+    pub remote_ip: IpAddr,
+    /// UDP port the peer receives on: the destination port of what this end sends (4791).
+    pub dst_port: u16,
+    /// UDP port this end receives on (4791); it enters the ICRC of arriving datagrams.
+    pub local_port: u16,
+    /// Paths in use (at most the capacity `P`, at most 256).
+    pub paths: u8,
+    /// Seed of the source ports (entropy) the paths use.
+    pub entropy_seed: u32,
+    /// Payload bytes per packet.
+    pub mtu: u32,
+    /// The first PSN this end sends.
+    pub initial_psn: Psn,
+    /// The first PSN the peer sends.
+    pub peer_initial_psn: Psn,
+    /// Where this end's path sequence numbers start (path `i` at
+    /// [`path_origin`]`(initial_path_seq, i)`). Runners draw it at random per connection, as the
+    /// initial PSN, so that a blind forger has to guess a path sequence to be believed.
+    pub initial_path_seq: u32,
+    /// Where the peer's path sequence numbers start (its `initial_path_seq`).
+    pub peer_initial_path_seq: u32,
+    /// Where this end's probe sequence numbers start; drawn at random per connection, so that a
+    /// forged probe reply cannot name an outstanding probe.
+    pub initial_probe_seq: u32,
+    /// Packets in flight per path at most (up to 255): where each path's congestion window
+    /// starts and the most it grows to.
+    pub window_per_path: u32,
+    /// Retransmission timeout with few packets in flight.
+    pub rto_low: u64,
+    /// Retransmission timeout otherwise.
+    pub rto_high: u64,
+    /// "Few packets": at most this many in flight on the path.
+    pub rto_low_inflight: u32,
+    /// Consecutive timeouts on a path before it stops carrying data and is probed.
+    pub timeouts_to_probe: u8,
+    /// Time between probes.
+    pub probe_interval: u64,
+    /// Unanswered probes before the path is declared failed and given new entropy.
+    pub probes_to_fail: u8,
+    /// ACK after this many packets on a path at most.
+    pub ack_every: u16,
+    /// ACK at most this long after an unacknowledged arrival.
+    pub ack_delay: u64,
+    /// Wait before sending again a packet the peer refused for want of a receive buffer.
+    pub rnr_delay: u64,
+    /// Wait for the requester's confirmation of a refusal before sending its NACK again.
+    pub refusal_resend: u64,
+    /// Check the ICRC of arriving datagrams (turn off only where the NIC already did).
+    pub verify_icrc: bool,
+    /// The CRC-32 engine of the ICRCs (this build's by default; a runner may hand in one for
+    /// its machine, such as PCLMULQDQ block folding on x86_64).
+    #[cfg_attr(feature = "defmt", defmt(Debug2Format))]
+    pub icrc_engine: icrc::Engine,
+}
+
+impl Config {
+    /// A configuration with the defaults below for everything but the addresses.
+    pub fn new(local_ip: IpAddr, remote_ip: IpAddr, local_qpn: Qpn, remote_qpn: Qpn) -> Self {
+        Config {
+            local_qpn,
+            remote_qpn,
+            pkey: 0xffff,
+            local_ip,
+            remote_ip,
+            dst_port: crate::wire::ROCEV2_PORT,
+            local_port: crate::wire::ROCEV2_PORT,
+            paths: 16,
+            entropy_seed: 1,
+            mtu: 4096,
+            initial_psn: Psn::new(0),
+            peer_initial_psn: Psn::new(0),
+            initial_path_seq: 0,
+            peer_initial_path_seq: 0,
+            initial_probe_seq: 0,
+            window_per_path: 16,
+            rto_low: 100_000,
+            rto_high: 320_000,
+            rto_low_inflight: 3,
+            timeouts_to_probe: 2,
+            probe_interval: 50_000,
+            probes_to_fail: 3,
+            ack_every: 4,
+            ack_delay: 5_000,
+            rnr_delay: 50_000,
+            refusal_resend: 50_000,
+            verify_icrc: true,
+            icrc_engine: icrc::Engine::BuiltIn,
+        }
+    }
+}
+
+/// The first sequence number of path `path` when a connection's path sequences start at `base`
+/// (paths start far apart, so one path's numbers say nothing of another's).
+pub fn path_origin(base: u32, path: u8) -> PathSeq {
+    PathSeq(base.wrapping_add(u32::from(path).wrapping_mul(0x9e37_79b9)))
+}
+
+/// How far back from a path's next sequence number an ACK or NACK may name a transmission. A
+/// receiver's cumulative point trails the sender's next number by at most its window plus the
+/// 256 numbers of the bitvector; a refusal comes back within a round trip.
+pub(super) const SEQ_HISTORY: u64 = 1 << 16;
+
+/// The UDP source port of a path: a hash of the seed, the path and how many times it failed,
+/// in the range 0xC000-0xFFFF that RoCEv2 uses for entropy.
+pub fn entropy_port(seed: u32, path: u8, generation: u16) -> u16 {
+    let mut x = seed ^ (u32::from(path) << 16) ^ u32::from(generation).wrapping_mul(0x9e37_79b9);
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7feb_352d);
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x846c_a68b);
+    x ^= x >> 16;
+    0xc000 | (x as u16 & 0x3fff)
+}

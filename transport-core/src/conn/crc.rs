@@ -1,0 +1,97 @@
+//! The ICRC of datagrams over UDP, with the headers' CRC cached per port and length.
+
+use super::*;
+
+/// The ICRC of a datagram sent over UDP from `src` to `dst`: computed over the canonical IP
+/// header a UDP socket cannot see (IPv4: identification 0, DF set; IPv6: no extension headers)
+/// and the UDP header, so that both ends agree without reading each other's IP headers.
+pub fn compute_icrc(
+    src: IpAddr,
+    dst: IpAddr,
+    src_port: u16,
+    dst_port: u16,
+    transport: &[u8],
+) -> u32 {
+    let (ip, ip_len, udp) = icrc_headers(src, dst, src_port, dst_port, transport.len());
+    icrc::finish(icrc::prefix(&ip[..ip_len], &udp), transport)
+}
+
+/// The canonical IP header (and its length) and the UDP header of a datagram of
+/// `transport_len` bytes (BTH to pad) from `src` to `dst`: the part of [`compute_icrc`] that
+/// depends on the addresses, ports and length alone.
+pub(super) fn icrc_headers(
+    src: IpAddr,
+    dst: IpAddr,
+    src_port: u16,
+    dst_port: u16,
+    transport_len: usize,
+) -> ([u8; 40], usize, [u8; 8]) {
+    let udp_len = (8 + transport_len + 4) as u16;
+    let mut udp = [0u8; 8];
+    udp[..2].copy_from_slice(&src_port.to_be_bytes());
+    udp[2..4].copy_from_slice(&dst_port.to_be_bytes());
+    udp[4..6].copy_from_slice(&udp_len.to_be_bytes());
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let mut ip = [0u8; 20];
+            ip[0] = 0x45;
+            ip[2..4].copy_from_slice(&(20 + udp_len).to_be_bytes());
+            ip[6] = 0x40;
+            ip[9] = 17;
+            ip[12..16].copy_from_slice(&s.octets());
+            ip[16..20].copy_from_slice(&d.octets());
+            let mut out = [0u8; 40];
+            out[..20].copy_from_slice(&ip);
+            (out, 20, udp)
+        }
+        (s, d) => {
+            let v6 = |a: IpAddr| match a {
+                IpAddr::V6(x) => x.octets(),
+                IpAddr::V4(x) => x.to_ipv6_mapped().octets(),
+            };
+            let mut ip = [0u8; 40];
+            ip[0] = 0x60;
+            ip[4..6].copy_from_slice(&udp_len.to_be_bytes());
+            ip[6] = 17;
+            ip[8..24].copy_from_slice(&v6(s));
+            ip[24..40].copy_from_slice(&v6(d));
+            (ip, 40, udp)
+        }
+    }
+}
+
+/// Slots of an [`IcrcPrefixes`] cache.
+pub(super) const ICRC_SLOTS: usize = 8;
+
+/// The ICRC prefixes (the CRC of the headers of `icrc_headers`, split for whole blocks: see
+/// [`icrc::SplitPrefix`]) of one direction of a connection, by UDP source port (it varies with
+/// the path) and datagram length, so that a datagram like a recent one (the same path, the same
+/// size: a ping-pong, full-sized bulk packets) hashes its own bytes only. The addresses and the
+/// destination port are fixed for the direction (the configuration does not change after the
+/// connection is made).
+#[derive(Debug, Clone, Default)]
+pub(super) struct IcrcPrefixes([Option<(u64, icrc::SplitPrefix)>; ICRC_SLOTS]);
+
+impl IcrcPrefixes {
+    /// [`compute_icrc`] through the cache.
+    pub(super) fn icrc(
+        &mut self,
+        (src, dst): (IpAddr, IpAddr),
+        (src_port, dst_port): (u16, u16),
+        transport: &[u8],
+        engine: icrc::Engine,
+    ) -> u32 {
+        let key = (u64::from(src_port) << 32) | transport.len() as u64;
+        let slot = &mut self.0[(usize::from(src_port) ^ transport.len()) % ICRC_SLOTS];
+        let prefix = match slot {
+            Some((k, p)) if *k == key => *p,
+            _ => {
+                let (ip, ip_len, udp) = icrc_headers(src, dst, src_port, dst_port, transport.len());
+                let p = icrc::split_prefix(&ip[..ip_len], &udp, transport.len());
+                *slot = Some((key, p));
+                p
+            }
+        };
+        icrc::finish_split(&prefix, transport, engine)
+    }
+}

@@ -1,0 +1,401 @@
+//! The responder: data placed, receives matched, refusals, Read and atomic responses.
+
+use super::*;
+
+impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: usize>
+    Connection<P, W, S, Q, R>
+{
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(super) fn on_data(
+        &mut self,
+        now: Instant,
+        ce: bool,
+        src_port: u16,
+        bth: &BthRepr,
+        ext: &Extensions,
+        data: MrDataRepr,
+        payload_at: usize,
+        payload_len: usize,
+    ) -> Result<Delivery, DropReason> {
+        let i = self.known_path(data.path_id)?;
+        let offset_psn = psn_diff(bth.psn, self.rx_cum);
+        if offset_psn >= W as i32 {
+            self.counters.drop_out_of_window += 1;
+            return Err(DropReason::OutOfWindow);
+        }
+        // The PSN and the duplicate are checked before any path state moves. A duplicate still
+        // enters the path's bitvector (a spurious retransmission must be acknowledged on the path
+        // that carried it), but it never slides the path's window: only a new packet in the
+        // receive window may (a forged old PSN with a far path sequence would otherwise give up
+        // on every missing number of the path).
+        let duplicate = offset_psn < 0 || self.rx_seen[bth.psn.get() as usize % W];
+        let rx = &mut self.rx_paths[i];
+        if duplicate && PathSeq(data.path_seq).diff(rx.sack.cumulative()) > SACK_BITS as i32 {
+            self.counters.duplicates += 1;
+            return Err(DropReason::Duplicate);
+        }
+        let arrival = rx.sack.insert(PathSeq(data.path_seq));
+        rx.unacked += 1;
+        // What the ACK echoes (the timestamp, the CE marks) comes from new packets only: a
+        // duplicate is what a forger can produce without guessing the window.
+        let marked = ce && !duplicate;
+        if !duplicate {
+            rx.ts = data.timestamp;
+            rx.ts_at = now;
+        }
+        if marked {
+            rx.ce = rx.ce.saturating_add(1);
+            rx.ece = true;
+        }
+        let urgent = marked || bth.ack_req || arrival != Arrival::InOrder || rx.sack.has_gap();
+        if urgent || rx.unacked >= self.cfg.ack_every {
+            self.acks_now.insert(i);
+            self.control_dirty = true;
+        } else if rx.ack_due.is_none() {
+            rx.ack_due = Some(now + self.cfg.ack_delay);
+            self.acks_due.insert(i);
+        }
+        if duplicate {
+            self.counters.duplicates += 1;
+            return Err(DropReason::Duplicate);
+        }
+        let stream = usize::from(data.stream_id);
+        if stream >= S {
+            return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
+        }
+        let end = u64::from(data.msg_offset) + payload_len as u64;
+        if end > u64::from(data.msg_len) {
+            return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
+        }
+        let delivery = match bth.opcode {
+            Opcode::MrWrite | Opcode::MrWriteImm => {
+                let Some(remote) = remote_of(ext) else {
+                    return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
+                };
+                let len = u64::from(data.msg_len);
+                let addr =
+                    match self.check_region(remote.rkey, remote.va, len, Access::REMOTE_WRITE) {
+                        Ok(base) => base + u64::from(data.msg_offset),
+                        Err(reason) => return self.refuse(bth.psn, i, &data, reason, true),
+                    };
+                if bth.opcode == Opcode::MrWriteImm {
+                    if let Err(reason) = self.receive_into(&data, payload_len, ext.immdt(), true) {
+                        return self.refuse_receive(bth.psn, i, &data, reason);
+                    }
+                }
+                Delivery::Place {
+                    addr,
+                    offset: payload_at,
+                    len: payload_len,
+                }
+            }
+            Opcode::MrSend | Opcode::MrSendImm => {
+                match self.receive_into(&data, payload_len, ext.immdt(), false) {
+                    Ok(addr) => Delivery::Place {
+                        addr,
+                        offset: payload_at,
+                        len: payload_len,
+                    },
+                    Err(reason) => return self.refuse_receive(bth.psn, i, &data, reason),
+                }
+            }
+            Opcode::MrReadRequest => {
+                let Some(remote) = remote_of(ext) else {
+                    return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
+                };
+                let len = u64::from(data.msg_len);
+                let va = match self.check_region(remote.rkey, remote.va, len, Access::REMOTE_READ) {
+                    Ok(va) => va,
+                    Err(reason) => return self.refuse(bth.psn, i, &data, reason, true),
+                };
+                if self.msg_tail.wrapping_sub(self.msg_head) as usize >= Q {
+                    return self.refuse(bth.psn, i, &data, NackReason::ReceiverNotReady, false);
+                }
+                let npkts = data.msg_len.div_ceil(self.cfg.mtu).max(1);
+                let mut m = TxMsg::response(MsgKind::ReadResponse, data.stream_id, data.msn, npkts);
+                m.local_addr = va;
+                m.len = data.msg_len;
+                self.push_response(m);
+                Delivery::Nothing
+            }
+            Opcode::MrReadResponse => self.read_response(&data, payload_at, payload_len),
+            Opcode::MrCompareSwap | Opcode::MrFetchAdd => {
+                let Extensions::MrAtomic(_, a) = *ext else {
+                    return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
+                };
+                if a.va % 8 != 0 {
+                    return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
+                }
+                let addr = match self.check_region(a.rkey, a.va, 8, Access::REMOTE_ATOMIC) {
+                    Ok(addr) => addr,
+                    Err(reason) => return self.refuse(bth.psn, i, &data, reason, true),
+                };
+                // Atomics execute in order after everything sent before them (as Verbs orders
+                // them): one that overtook an earlier packet on another path waits, answered
+                // receiver-not-ready, and comes again.
+                if offset_psn != 0 || self.msg_tail.wrapping_sub(self.msg_head) as usize >= Q {
+                    return self.refuse(bth.psn, i, &data, NackReason::ReceiverNotReady, false);
+                }
+                self.pending_atomic = Some(PendingAtomic {
+                    stream: data.stream_id,
+                    msn: data.msn,
+                    psn: bth.psn,
+                    path: i as u8,
+                    path_seq: data.path_seq,
+                });
+                let compare = (bth.opcode == Opcode::MrCompareSwap).then_some(a.compare);
+                Delivery::Atomic {
+                    addr,
+                    compare,
+                    swap_add: a.swap_add,
+                }
+            }
+            Opcode::MrAtomicResponse => match *ext {
+                Extensions::MrAtomicAck(_, orig) => self.atomic_response(&data, orig.orig),
+                _ => Delivery::Nothing,
+            },
+            _ => {
+                self.counters.drop_other += 1;
+                return Err(DropReason::UnsupportedOpcode);
+            }
+        };
+        self.accept(bth.psn);
+        // A new packet in the receive window: the port its path sends from (see
+        // `on_path_port`).
+        self.rx_paths[i].peer_port = Some(src_port);
+        self.counters.data_received += 1;
+        if let Delivery::Place { len, .. } = delivery {
+            self.counters.bytes_placed += len as u64;
+        }
+        Ok(delivery)
+    }
+
+    /// Marks a PSN received and advances the cumulative PSN.
+    pub(super) fn accept(&mut self, psn: Psn) {
+        self.rx_seen[psn.get() as usize % W] = true;
+        while self.rx_seen[self.rx_cum.get() as usize % W] {
+            self.rx_seen[self.rx_cum.get() as usize % W] = false;
+            self.rx_cum = self.rx_cum.wrapping_add(1);
+        }
+    }
+
+    /// Checks a remote access against the region table, counting a violation.
+    pub(super) fn check_region(
+        &mut self,
+        key: u32,
+        va: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<u64, NackReason> {
+        self.regions
+            .check(key, va, len, need)
+            .inspect_err(|_| self.counters.access_violations += 1)
+    }
+
+    /// Refuses a Send or Write-with-immediate that found no usable receive buffer: waiting for
+    /// one is transient, anything else is fatal.
+    pub(super) fn refuse_receive(
+        &mut self,
+        psn: Psn,
+        path: usize,
+        data: &MrDataRepr,
+        reason: NackReason,
+    ) -> Result<Delivery, DropReason> {
+        let fatal = reason != NackReason::ReceiverNotReady;
+        self.refuse(psn, path, data, reason, fatal)
+    }
+
+    /// Refuses a packet with a NACK. A fatal refusal consumes the PSN (nothing is placed, the
+    /// connection goes on); a transient one leaves it to be sent again.
+    pub(super) fn refuse(
+        &mut self,
+        psn: Psn,
+        path: usize,
+        data: &MrDataRepr,
+        reason: NackReason,
+        fatal: bool,
+    ) -> Result<Delivery, DropReason> {
+        let nack = MrNackRepr {
+            path_id: path as u8,
+            reason,
+            path_seq: data.path_seq,
+            stream_id: data.stream_id,
+            msn: data.msn,
+        };
+        let pending = PendingNack {
+            path: path as u8,
+            psn,
+            nack,
+        };
+        if fatal {
+            // Kept, and repeated, until the requester confirms it: until then no ACK lets the
+            // requester count this PSN as accepted.
+            let Some(slot) = self.refusals.iter_mut().find(|r| r.is_none()) else {
+                // Too many unconfirmed: do not accept it now; it comes again.
+                self.counters.drop_refusals_full += 1;
+                return Err(DropReason::RefusalsFull);
+            };
+            *slot = Some(Refusal { pending, due: None });
+            self.refusals_held += 1;
+            self.accept(psn);
+        } else if let Some(slot) = self.nacks.iter_mut().find(|s| s.is_none()) {
+            *slot = Some(pending);
+        }
+        self.control_dirty = true;
+        Ok(Delivery::Nothing)
+    }
+
+    /// Matches a Send or Write-with-immediate packet to the receive buffer posted for its MSN and
+    /// returns where its payload goes.
+    pub(super) fn receive_into(
+        &mut self,
+        data: &MrDataRepr,
+        payload_len: usize,
+        imm: Option<u32>,
+        write_imm: bool,
+    ) -> Result<u64, NackReason> {
+        let s = &mut self.rx_streams[usize::from(data.stream_id)];
+        let ahead = data.msn.wrapping_sub(s.completed);
+        if ahead >= s.posted.wrapping_sub(s.completed) {
+            return Err(if ahead < 1 << 31 {
+                NackReason::ReceiverNotReady
+            } else {
+                NackReason::InvalidRequest
+            });
+        }
+        let slot = &mut s.slots[data.msn as usize % Q];
+        if !write_imm && data.msg_len > slot.cap {
+            return Err(NackReason::MessageTooLong);
+        }
+        if slot.started && slot.msg_len != data.msg_len {
+            return Err(NackReason::InvalidRequest);
+        }
+        slot.started = true;
+        slot.msg_len = data.msg_len;
+        slot.write_imm = write_imm;
+        if imm.is_some() {
+            slot.imm = imm;
+        }
+        let addr = slot.addr + u64::from(data.msg_offset);
+        slot.got += payload_len as u32;
+        if slot.got == slot.msg_len {
+            slot.done = true;
+            self.complete_receives(usize::from(data.stream_id));
+        }
+        Ok(addr)
+    }
+
+    pub(super) fn complete_receives(&mut self, stream: usize) {
+        loop {
+            let s = &mut self.rx_streams[stream];
+            if s.completed == s.posted {
+                return;
+            }
+            let slot = s.slots[s.completed as usize % Q];
+            if !slot.done {
+                return;
+            }
+            s.completed = s.completed.wrapping_add(1);
+            self.push_event(Event::Completion(Completion {
+                id: slot.id,
+                status: slot.status.map_or(Status::Success, Status::Refused),
+                kind: if slot.write_imm {
+                    CompletionKind::RecvWriteImm
+                } else {
+                    CompletionKind::Recv
+                },
+                byte_len: slot.msg_len,
+                imm: slot.imm,
+                stream: stream as u16,
+            }));
+        }
+    }
+
+    /// Reports the original value of the atomic the last [`Delivery::Atomic`] asked for; the
+    /// response goes back to the requester reliably.
+    pub fn atomic_result(&mut self, orig: u64) {
+        let Some(p) = self.pending_atomic.take() else {
+            return;
+        };
+        let mut m = TxMsg::response(MsgKind::AtomicResponse, p.stream, p.msn, 1);
+        m.len = 8;
+        m.atomic = (orig, 0, false);
+        self.push_response(m);
+    }
+
+    /// An atomic the runner was asked to perform but never reported: refuse it.
+    pub(super) fn abandon_atomic(&mut self) {
+        if let Some(p) = self.pending_atomic.take() {
+            let data = MrDataRepr {
+                path_seq: p.path_seq,
+                stream_id: p.stream,
+                msn: p.msn,
+                ..MrDataRepr::default()
+            };
+            let _ = self.refuse(
+                p.psn,
+                usize::from(p.path),
+                &data,
+                NackReason::RemoteOperational,
+                true,
+            );
+        }
+    }
+
+    pub(super) fn atomic_response(&mut self, data: &MrDataRepr, orig: u64) -> Delivery {
+        let mut m = self.msg_head;
+        while m != self.msg_tail {
+            if let Some(msg) = self.msgs[m as usize % Q].as_mut() {
+                if msg.kind == MsgKind::Atomic
+                    && msg.stream == data.stream_id
+                    && msg.msn == data.msn
+                    && !msg.done
+                {
+                    msg.done = true;
+                    let addr = msg.local_addr;
+                    self.complete_in_order();
+                    return Delivery::Value { addr, value: orig };
+                }
+            }
+            m = m.wrapping_add(1);
+        }
+        Delivery::Nothing
+    }
+
+    pub(super) fn read_response(
+        &mut self,
+        data: &MrDataRepr,
+        payload_at: usize,
+        payload_len: usize,
+    ) -> Delivery {
+        let mut m = self.msg_head;
+        while m != self.msg_tail {
+            let slot = m as usize % Q;
+            if let Some(msg) = self.msgs[slot].as_mut() {
+                if msg.kind == MsgKind::Read
+                    && msg.stream == data.stream_id
+                    && msg.msn == data.msn
+                    && !msg.done
+                {
+                    if u64::from(data.msg_offset) + payload_len as u64 > u64::from(msg.len) {
+                        return Delivery::Nothing;
+                    }
+                    msg.resp_bytes += payload_len as u32;
+                    let addr = msg.local_addr + u64::from(data.msg_offset);
+                    if msg.resp_bytes >= msg.len {
+                        msg.done = true;
+                        self.complete_in_order();
+                    }
+                    return Delivery::Place {
+                        addr,
+                        offset: payload_at,
+                        len: payload_len,
+                    };
+                }
+            }
+            m = m.wrapping_add(1);
+        }
+        Delivery::Nothing
+    }
+}

@@ -1,0 +1,224 @@
+//! The connection's internal state: messages and packets in flight, paths, streams, pending
+//! answers and refusals.
+
+use super::*;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum MsgKind {
+    Send,
+    Write,
+    Read,
+    ReadResponse,
+    Atomic,
+    AtomicResponse,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct TxMsg {
+    pub(super) wr_id: u64,
+    pub(super) kind: MsgKind,
+    pub(super) imm: Option<u32>,
+    pub(super) stream: u16,
+    pub(super) msn: u32,
+    pub(super) local_addr: u64,
+    pub(super) len: u32,
+    pub(super) remote: RemoteAddr,
+    pub(super) npkts: u32,
+    pub(super) next_pkt: u32,
+    pub(super) last_psn: Option<Psn>,
+    pub(super) resp_bytes: u32,
+    /// Atomic: (swap or add value, compare value, is compare-and-swap); response: (original, _, _).
+    pub(super) atomic: (u64, u64, bool),
+    pub(super) done: bool,
+    pub(super) status: Status,
+    pub(super) reported: bool,
+}
+
+impl TxMsg {
+    /// A message the responder sends on its own (Read response, atomic response): no work
+    /// request behind it, so no completion is reported.
+    pub(super) fn response(kind: MsgKind, stream: u16, msn: u32, npkts: u32) -> Self {
+        TxMsg {
+            wr_id: 0,
+            kind,
+            imm: None,
+            stream,
+            msn,
+            local_addr: 0,
+            len: 0,
+            remote: RemoteAddr::default(),
+            npkts,
+            next_pkt: 0,
+            last_psn: None,
+            resp_bytes: 0,
+            atomic: (0, 0, false),
+            done: false,
+            status: Status::Success,
+            reported: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct TxPkt {
+    pub(super) psn: Psn,
+    pub(super) msg: u32,
+    pub(super) idx: u32,
+    pub(super) path: u8,
+    pub(super) seq: PathSeq,
+    pub(super) sent_at: Instant,
+    pub(super) acked: bool,
+    pub(super) queued: bool,
+    pub(super) not_before: Instant,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum PathState {
+    Active,
+    Probing,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct TxPath {
+    pub(super) state: PathState,
+    pub(super) generation: u16,
+    pub(super) failed: bool,
+    pub(super) next_seq: PathSeq,
+    pub(super) una: PathSeq,
+    pub(super) ring_psn: [u32; PATH_RING],
+    pub(super) ring_sent: [Instant; PATH_RING],
+    pub(super) srtt: u64,
+    pub(super) rttvar: u64,
+    pub(super) timeouts_in_row: u8,
+    /// The last probe sent (its sequence number) and the timestamp it carried: a reply counts
+    /// only if it echoes both while the probe is outstanding.
+    pub(super) probe_seq: u32,
+    pub(super) probe_ts: u32,
+    pub(super) probe_outstanding: bool,
+    /// The probe sent before the outstanding one, if it was still unanswered then (sequence,
+    /// timestamp): its late answer is genuine, not counted as a bad probe, and changes nothing.
+    pub(super) probe_superseded: Option<(u32, u32)>,
+    pub(super) probe_due: Instant,
+    pub(super) probe_pending: bool,
+    pub(super) probes_unanswered: u8,
+    /// A tail probe is to be sent (first timeout on an active path).
+    pub(super) tail_probe_pending: bool,
+    /// The timestamp of the tail probe in flight: the ACK that echoes it settles the tail.
+    pub(super) tail_probe_ts: Option<u32>,
+    /// When that tail probe left.
+    pub(super) tail_probe_at: Instant,
+    /// When the first tail probe of this round left: what left before it and is unresolved when
+    /// the round ends is lost.
+    pub(super) tail_probe_cut: Instant,
+    /// Tail probes sent this round (a round ends with an answer, or with `TAIL_PROBE_TRIES`
+    /// unanswered).
+    pub(super) tail_probe_tries: u8,
+    /// The retransmission timer runs from the later of this and the oldest transmission.
+    pub(super) timer_from: Instant,
+    /// When the last consistent ACK of this path arrived.
+    pub(super) last_ack_at: Instant,
+    /// Congestion window, 1/256 packet units ([`CWND_ONE`] is one packet).
+    pub(super) cwnd: u32,
+    /// When the window was last halved for ECN marks.
+    pub(super) cwnd_cut_at: Option<Instant>,
+    pub(super) stats: PathStats,
+}
+
+/// One packet in congestion window units.
+pub(super) const CWND_ONE: u32 = 256;
+
+/// A set of path indices (at most 256 paths), for finding a flagged path without walking every
+/// path's state.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct PathSet([u64; 4]);
+
+impl PathSet {
+    pub(super) fn insert(&mut self, i: usize) {
+        self.0[(i / 64) % 4] |= 1 << (i % 64);
+    }
+
+    pub(super) fn remove(&mut self, i: usize) {
+        self.0[(i / 64) % 4] &= !(1 << (i % 64));
+    }
+
+    pub(super) fn contains(&self, i: usize) -> bool {
+        self.0[(i / 64) % 4] & (1 << (i % 64)) != 0
+    }
+
+    pub(super) fn first(&self) -> Option<usize> {
+        self.0
+            .iter()
+            .position(|&w| w != 0)
+            .map(|k| k * 64 + self.0[k].trailing_zeros() as usize)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RxPath {
+    pub(super) sack: SackBitmap,
+    pub(super) unacked: u16,
+    pub(super) ack_due: Option<Instant>,
+    pub(super) ce: u16,
+    pub(super) ece: bool,
+    pub(super) ts: u32,
+    pub(super) ts_at: Instant,
+    pub(super) probe_reply: Option<(u32, u32)>,
+    /// The UDP source port the peer's path sends from, learned from what it sent that passed
+    /// every check (see [`Connection::handle_datagram`]); its ACKs, NACKs and probe replies for
+    /// this path must come from it.
+    pub(super) peer_port: Option<u16>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct RecvSlot {
+    pub(super) id: u64,
+    pub(super) addr: u64,
+    pub(super) cap: u32,
+    pub(super) got: u32,
+    pub(super) msg_len: u32,
+    pub(super) started: bool,
+    pub(super) imm: Option<u32>,
+    pub(super) write_imm: bool,
+    pub(super) done: bool,
+    pub(super) status: Option<NackReason>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RxStream<const Q: usize> {
+    pub(super) slots: [RecvSlot; Q],
+    /// Receive buffers posted (counter; slot = counter % Q).
+    pub(super) posted: u32,
+    /// Receive buffers completed (the MSN of the oldest outstanding one).
+    pub(super) completed: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct TxStream {
+    pub(super) next_msn: u32,
+    pub(super) next_read: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PendingAtomic {
+    pub(super) stream: u16,
+    pub(super) msn: u32,
+    pub(super) psn: Psn,
+    pub(super) path: u8,
+    pub(super) path_seq: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PendingNack {
+    pub(super) path: u8,
+    pub(super) psn: Psn,
+    pub(super) nack: MrNackRepr,
+}
+
+/// A fatal refusal the requester has not confirmed yet: its NACK goes again every
+/// `refusal_resend`, and every ACK says refusals are outstanding.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Refusal {
+    pub(super) pending: PendingNack,
+    /// When its NACK goes again; `None` until it is first sent (it goes at once).
+    pub(super) due: Option<Instant>,
+}

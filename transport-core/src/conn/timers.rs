@@ -1,0 +1,213 @@
+//! Timers: retransmission timeouts per path, probes, and what a stalled host restarts.
+
+use super::*;
+
+impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: usize>
+    Connection<P, W, S, Q, R>
+{
+    // ----- timers -----------------------------------------------------------------------
+
+    pub(super) fn rto(&self, p: &TxPath) -> u64 {
+        let inflight = p.next_seq.diff(p.una) as u32;
+        let base = if inflight <= self.cfg.rto_low_inflight {
+            self.cfg.rto_low
+        } else {
+            self.cfg.rto_high
+        };
+        base.max(p.srtt + 4 * p.rttvar)
+    }
+
+    /// When [`Connection::handle_timeout`] should next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut t: Option<Instant> = None;
+        let mut at = |x: Instant| t = Some(t.map_or(x, |y| y.min(x)));
+        if let Some((arrived, ..)) = self.carried {
+            at(arrived);
+        }
+        for (i, p) in self
+            .paths
+            .iter()
+            .enumerate()
+            .take(usize::from(self.cfg.paths))
+        {
+            if p.una != p.next_seq {
+                let slot = p.una.0 as usize % PATH_RING;
+                at(p.ring_sent[slot].max(p.timer_from) + self.rto(p));
+            }
+            if p.state == PathState::Probing {
+                at(p.probe_due);
+            }
+            if let Some(d) = self.rx_paths[i].ack_due {
+                at(d);
+            }
+        }
+        if self.una != self.nxt {
+            let oldest = &self.pkts[self.una.get() as usize % W];
+            if oldest.acked {
+                at(oldest.sent_at + self.cfg.rto_high);
+            }
+        }
+        if let Some(w) = self.retx_wake {
+            at(w);
+        }
+        for i in 0..usize::from(self.cfg.paths) {
+            if let Some(d) = self.overdue_at(i) {
+                at(d);
+            }
+        }
+        if self.refusals_held > 0 {
+            for r in self.refusals.iter().flatten() {
+                at(r.due.unwrap_or(0));
+            }
+        }
+        t
+    }
+
+    /// Fires the timers due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.settle_carried();
+        for i in 0..usize::from(self.cfg.paths) {
+            let p = &self.paths[i];
+            if p.una != p.next_seq {
+                let slot = p.una.0 as usize % PATH_RING;
+                if now >= p.ring_sent[slot].max(p.timer_from) + self.rto(p) {
+                    self.path_timeout(i, now);
+                }
+            }
+            if let Some(d) = self.rx_paths[i].ack_due {
+                if now >= d {
+                    self.acks_now.insert(i);
+                    self.control_dirty = true;
+                    self.rx_paths[i].ack_due = None;
+                    self.acks_due.remove(i);
+                }
+            }
+            let p = &mut self.paths[i];
+            if p.state == PathState::Probing && now >= p.probe_due {
+                p.probe_pending = true;
+                p.probe_due = now + self.cfg.probe_interval;
+                self.control_dirty = true;
+            }
+        }
+        self.detect_overdue(now);
+        if self.retx_wake.is_some_and(|w| now >= w) {
+            self.retx_wake = None;
+        }
+        if self.refusals_held > 0
+            && self
+                .refusals
+                .iter()
+                .flatten()
+                .any(|r| r.due.is_none_or(|d| now >= d))
+        {
+            self.control_dirty = true;
+        }
+        // A packet the path layer saw arrive but the peer never accepted (refused while its
+        // refusal table was full, or the ACK that would have covered it was lost): send it
+        // again once the long timeout has passed.
+        if self.una != self.nxt {
+            let idx = self.una.get() as usize % W;
+            let pk = self.pkts[idx];
+            if pk.acked && now >= pk.sent_at + self.cfg.rto_high {
+                self.pkts[idx].acked = false;
+                self.pkts[idx].sent_at = now;
+                self.queue_retx(self.una, now);
+            }
+        }
+    }
+
+    /// The runner did not run for a while although it had asked to (its host gave it no CPU):
+    /// every path's retransmission timer, and every probe's, restarts from `now`. What the timers
+    /// wait for may have arrived meanwhile and be waiting in the host's buffers; a timeout must
+    /// not count the time a packet waited for this host's own CPU. Call it after handing over
+    /// what arrived during the stall.
+    pub fn handle_host_stall(&mut self, now: Instant) {
+        for p in self.paths.iter_mut().take(usize::from(self.cfg.paths)) {
+            p.timer_from = p.timer_from.max(now);
+            if p.state == PathState::Probing {
+                p.probe_due = p.probe_due.max(now + self.cfg.probe_interval);
+            }
+        }
+    }
+
+    pub(super) fn path_timeout(&mut self, i: usize, now: Instant) {
+        let p = &mut self.paths[i];
+        if p.state == PathState::Active && p.timeouts_in_row == 0 {
+            // First silence: probe the tail instead of declaring it lost. The probe follows the
+            // same in-order route; the ACK it triggers tells exactly what arrived before it.
+            p.timeouts_in_row = 1;
+            p.stats.timeouts += 1;
+            p.tail_probe_pending = true;
+            p.timer_from = now;
+            self.control_dirty = true;
+            return;
+        }
+        let mut lost = 0;
+        let (una, next) = (self.paths[i].una, self.paths[i].next_seq);
+        let mut s = una;
+        while s != next {
+            lost += u64::from(self.drop_transmission(i, s, now));
+            s = s.add(1);
+        }
+        let p = &mut self.paths[i];
+        p.una = next;
+        p.stats.lost += lost;
+        // Everything in flight is resolved: a tail probe round still open has nothing to settle.
+        p.tail_probe_pending = false;
+        p.tail_probe_ts = None;
+        p.tail_probe_tries = 0;
+        self.counters.lost_by_timeout += lost;
+        self.path_silent(i, now);
+    }
+
+    /// Path `i` lost what it carried and did not answer in time (a second timeout, or a probe of
+    /// its tail left unanswered): after `timeouts_to_probe` of these in a row it stops carrying
+    /// data and is probed.
+    pub(super) fn path_silent(&mut self, i: usize, now: Instant) {
+        let p = &mut self.paths[i];
+        p.stats.timeouts += 1;
+        p.timeouts_in_row = p.timeouts_in_row.saturating_add(1);
+        if p.state == PathState::Active && p.timeouts_in_row >= self.cfg.timeouts_to_probe {
+            p.state = PathState::Probing;
+            p.probes_unanswered = 0;
+            p.probe_pending = true;
+            p.probe_due = now + self.cfg.probe_interval;
+            self.control_dirty = true;
+        }
+    }
+
+    /// Forgets transmission `seq` on path `i` as lost; queues its packet again if this was its
+    /// latest transmission and it is not acknowledged. Returns whether a live slot was dropped.
+    pub(super) fn drop_transmission(&mut self, i: usize, seq: PathSeq, now: Instant) -> bool {
+        let slot = seq.0 as usize % PATH_RING;
+        let raw = self.paths[i].ring_psn[slot];
+        if raw == NO_PSN {
+            return false;
+        }
+        self.paths[i].ring_psn[slot] = NO_PSN;
+        let psn = Psn::new(raw);
+        if self.in_tx_window(psn) {
+            let pk = self.pkts[psn.get() as usize % W];
+            if !pk.acked && usize::from(pk.path) == i && pk.seq == seq {
+                self.queue_retx(psn, now);
+            }
+        }
+        true
+    }
+
+    pub(super) fn in_tx_window(&self, psn: Psn) -> bool {
+        let d = psn_diff(psn, self.una);
+        d >= 0 && psn_diff(psn, self.nxt) < 0
+    }
+
+    pub(super) fn queue_retx(&mut self, psn: Psn, not_before: Instant) {
+        let pk = &mut self.pkts[psn.get() as usize % W];
+        if pk.queued {
+            return;
+        }
+        pk.queued = true;
+        pk.not_before = not_before;
+        self.retx[self.retx_tail as usize % W] = psn;
+        self.retx_tail = self.retx_tail.wrapping_add(1);
+    }
+}

@@ -1,0 +1,515 @@
+//! Transmit: control packets first, then retransmissions, then new data; headers, and the seal.
+
+use super::*;
+
+impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: usize>
+    Connection<P, W, S, Q, R>
+{
+    // ----- transmit ---------------------------------------------------------------------
+
+    /// Writes the next datagram's headers into `buf` (which must hold an MTU plus 128 bytes):
+    /// control packets first (NACKs, ACKs, probes: small, and the peer's timers wait on them),
+    /// then data; except that the first packet of a Read or atomic response just queued goes
+    /// before them, carrying the ACK of its request.
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        self.settle_carried();
+        if self.rack_dirty {
+            self.detect_overdue(now);
+        }
+        if buf.len() < self.cfg.mtu as usize + 128 {
+            return None;
+        }
+        if self.response_ready {
+            // A response the connection made itself (nobody rings a doorbell for it): its
+            // first packet goes first and carries the ACK of the request.
+            self.response_ready = false;
+            if let Some(t) = self.poll_transmit_data(now, buf) {
+                return Some(t);
+            }
+        }
+        if let Some(t) = self.transmit_control(now, buf) {
+            return Some(t);
+        }
+        self.poll_transmit_data(now, buf)
+    }
+
+    /// Like [`Connection::poll_transmit`], but only data packets (retransmissions first, then
+    /// new ones), leaving NACKs, probes and the ACKs that found no packet to ride on for the
+    /// next `poll_transmit`. A runner that has just been handed a request (a doorbell) calls
+    /// this first: the answer to a ping leaves at once and carries the ACK of the ping (flag A,
+    /// when the packet has room), so a ping-pong needs one datagram each way.
+    pub fn poll_transmit_data(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        if buf.len() < self.cfg.mtu as usize + 128 {
+            return None;
+        }
+        if let Some(t) = self.transmit_retx(now, buf) {
+            return Some(t);
+        }
+        self.transmit_new(now, buf)
+    }
+
+    pub(super) fn bth(&self, opcode: Opcode, psn: Psn, pad: u8, ack_req: bool) -> BthRepr {
+        BthRepr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pad_count: pad,
+            tver: 0,
+            pkey: self.cfg.pkey,
+            fecn: false,
+            becn: false,
+            dest_qp: self.cfg.remote_qpn,
+            ack_req,
+            psn,
+        }
+    }
+
+    pub(super) fn write_headers(
+        &self,
+        buf: &mut [u8],
+        bth: BthRepr,
+        ext: Extensions,
+        path: usize,
+        payload_addr: u64,
+        payload_len: usize,
+    ) -> Option<Transmit> {
+        let rest = bth.emit(buf).ok()?;
+        let before = rest.len();
+        let rest = ext.emit(bth.opcode.layout(), rest).ok()?;
+        let header_len = BthRepr::LEN + before - rest.len();
+        let pad = usize::from(bth.pad_count);
+        Some(Transmit {
+            path: path as u8,
+            src_port: self.paths[path].stats.src_port,
+            header_len,
+            payload_addr,
+            payload_len,
+            len: header_len + payload_len + pad + 4,
+        })
+    }
+
+    /// Path `i`'s acknowledgement as of `now`; what it reports no longer waits.
+    pub(super) fn take_ack(&mut self, i: usize, now: Instant) -> MrAckRepr {
+        let refusals = self.refusals_held > 0;
+        debug_assert_eq!(
+            usize::from(self.refusals_held),
+            self.refusals.iter().flatten().count()
+        );
+        let rx = &mut self.rx_paths[i];
+        let ack = MrAckRepr {
+            ece: rx.ece,
+            refusals,
+            path_id: i as u8,
+            ce_count: rx.ce,
+            cum_seq: rx.sack.cumulative().0,
+            ts_echo: rx.ts,
+            ack_delay: now.saturating_sub(rx.ts_at).min(u64::from(u32::MAX)) as u32,
+            rate_hint: 0,
+            sack: rx.sack.to_wire(),
+        };
+        rx.ack_due = None;
+        self.acks_now.remove(i);
+        self.acks_due.remove(i);
+        rx.unacked = 0;
+        rx.ce = 0;
+        rx.ece = false;
+        self.counters.acks_sent += 1;
+        ack
+    }
+
+    /// A path whose acknowledgement waits (due now first, then delayed ones).
+    pub(super) fn waiting_ack(&self) -> Option<usize> {
+        debug_assert_eq!(
+            self.acks_due.first(),
+            self.rx_paths[..usize::from(self.cfg.paths)]
+                .iter()
+                .position(|r| r.ack_due.is_some())
+        );
+        self.acks_now.first().or_else(|| self.acks_due.first())
+    }
+
+    pub(super) fn transmit_control(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        if !self.control_dirty {
+            return None;
+        }
+        let found = self.transmit_control_scan(now, buf);
+        if found.is_none() {
+            self.control_dirty = false;
+        }
+        found
+    }
+
+    pub(super) fn transmit_control_scan(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        let n = usize::from(self.cfg.paths);
+        // NACKs first: they are rare and unblock the peer.
+        let mut pending = self
+            .nacks
+            .iter_mut()
+            .find_map(Option::take)
+            .or_else(|| self.unverified_confirm.take());
+        if pending.is_none() {
+            let next = now + self.cfg.refusal_resend;
+            if let Some(r) = self
+                .refusals
+                .iter_mut()
+                .flatten()
+                .find(|r| r.due.is_none_or(|d| now >= d))
+            {
+                if r.due.is_some() {
+                    self.counters.nacks_resent += 1;
+                }
+                r.due = Some(next);
+                pending = Some(r.pending);
+            }
+        }
+        if let Some(pn) = pending {
+            self.counters.nacks_sent += 1;
+            let bth = self.bth(Opcode::MrNack, pn.psn, 0, false);
+            return self.write_headers(
+                buf,
+                bth,
+                Extensions::MrNack(pn.nack),
+                usize::from(pn.path),
+                0,
+                0,
+            );
+        }
+        for i in 0..n {
+            let rx = &mut self.rx_paths[i];
+            if let Some((seq, ts)) = rx.probe_reply.take() {
+                let probe = MrProbeRepr {
+                    path_id: i as u8,
+                    probe_seq: seq,
+                    timestamp: now as u32,
+                    ts_echo: ts,
+                };
+                let bth = self.bth(Opcode::MrProbeReply, Psn::new(0), 0, false);
+                return self.write_headers(buf, bth, Extensions::MrProbe(probe), i, 0, 0);
+            }
+            if self.acks_now.contains(i) {
+                let ack = self.take_ack(i, now);
+                let bth = self.bth(Opcode::MrAck, self.rx_cum, 0, false);
+                return self.write_headers(buf, bth, Extensions::MrAck(ack), i, 0, 0);
+            }
+        }
+        for i in 0..n {
+            let p = &mut self.paths[i];
+            if p.tail_probe_pending {
+                p.tail_probe_pending = false;
+                p.tail_probe_ts = Some(now as u32);
+                p.tail_probe_at = now;
+                if p.tail_probe_tries == 0 {
+                    p.tail_probe_cut = now;
+                }
+                p.tail_probe_tries = p.tail_probe_tries.saturating_add(1);
+                return self.send_probe(now, buf, i);
+            }
+        }
+        for i in 0..n {
+            let p = &mut self.paths[i];
+            if p.state == PathState::Probing && p.probe_pending {
+                p.probe_pending = false;
+                p.probes_unanswered = p.probes_unanswered.saturating_add(1);
+                if p.probes_unanswered > self.cfg.probes_to_fail {
+                    // Declare the route dead: new entropy, and keep probing on it.
+                    p.generation = p.generation.wrapping_add(1);
+                    p.stats.src_port = entropy_port(self.cfg.entropy_seed, i as u8, p.generation);
+                    p.stats.failures += 1;
+                    p.probes_unanswered = 1;
+                    let first = !p.failed;
+                    p.failed = true;
+                    let port = p.stats.src_port;
+                    if first {
+                        self.counters.path_failures += 1;
+                    }
+                    self.push_event(Event::PathFailed {
+                        path: i as u8,
+                        new_src_port: port,
+                    });
+                }
+                return self.send_probe(now, buf, i);
+            }
+        }
+        None
+    }
+
+    /// Writes the next probe of path `i` (a new probe sequence number, this end's clock).
+    pub(super) fn send_probe(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        i: usize,
+    ) -> Option<Transmit> {
+        let p = &mut self.paths[i];
+        p.probe_superseded = p.probe_outstanding.then_some((p.probe_seq, p.probe_ts));
+        p.probe_seq = p.probe_seq.wrapping_add(1);
+        p.probe_ts = now as u32;
+        p.probe_outstanding = true;
+        let probe = MrProbeRepr {
+            path_id: i as u8,
+            probe_seq: p.probe_seq,
+            timestamp: p.probe_ts,
+            ts_echo: 0,
+        };
+        self.counters.probes_sent += 1;
+        let bth = self.bth(Opcode::MrProbe, Psn::new(0), 0, false);
+        self.write_headers(buf, bth, Extensions::MrProbe(probe), i, 0, 0)
+    }
+
+    /// The active path with room that comes next in the round-robin, avoiding `avoid` if another
+    /// one has room.
+    pub(super) fn pick_path(&mut self, avoid: Option<usize>) -> Option<usize> {
+        let n = usize::from(self.cfg.paths);
+        let last = (self.rr + n - 1) % n;
+        if avoid.is_none() && self.idle_but_carried(last) {
+            // Nothing in flight (one message at a time, a ping-pong): spraying gains nothing, so
+            // stay on the last path while it is idle and healthy; its socket and route stay warm.
+            let p = &self.paths[last];
+            if p.state == PathState::Active && p.stats.sent > 0 {
+                return Some(last);
+            }
+        }
+        let mut fallback = None;
+        for k in 0..n {
+            let i = (self.rr + k) % n;
+            let p = &self.paths[i];
+            let room = (p.next_seq.diff(p.una) as u32) < (p.cwnd / CWND_ONE).max(1);
+            if p.state != PathState::Active || !room {
+                continue;
+            }
+            if Some(i) == avoid {
+                fallback = Some(i);
+                continue;
+            }
+            self.rr = (i + 1) % n;
+            return Some(i);
+        }
+        fallback
+    }
+
+    /// Whether nothing is in flight, or nothing would be once the carried ACK not yet taken is
+    /// (it reports every transmission of path `last`, and no other path has any in flight).
+    pub(super) fn idle_but_carried(&self, last: usize) -> bool {
+        if self.una == self.nxt {
+            let p = &self.paths[last];
+            return p.next_seq == p.una;
+        }
+        let Some((.., ack)) = &self.carried else {
+            return false;
+        };
+        usize::from(ack.path_id) == last
+            && PathSeq(ack.cum_seq) == self.paths[last].next_seq
+            && self.retx_head == self.retx_tail
+            && self.paths[..usize::from(self.cfg.paths)]
+                .iter()
+                .enumerate()
+                .all(|(i, p)| i == last || p.next_seq == p.una)
+    }
+
+    pub(super) fn transmit_retx(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        while self.retx_head != self.retx_tail {
+            let psn = self.retx[self.retx_head as usize % W];
+            let live = self.in_tx_window(psn) && !self.pkts[psn.get() as usize % W].acked;
+            if !live {
+                // A stale entry: clear the flag only if the slot still holds this PSN.
+                let pk = &mut self.pkts[psn.get() as usize % W];
+                if pk.psn == psn {
+                    pk.queued = false;
+                }
+                self.retx_head = self.retx_head.wrapping_add(1);
+                continue;
+            }
+            let not_before = self.pkts[psn.get() as usize % W].not_before;
+            if not_before > now {
+                // Held back (receiver not ready): make sure a timer brings it. An earlier wake
+                // may have fired for another packet and left none for this one.
+                self.retx_wake = Some(self.retx_wake.map_or(not_before, |w| w.min(not_before)));
+                return None;
+            }
+            let avoid = Some(usize::from(self.pkts[psn.get() as usize % W].path));
+            let path = self.pick_path(avoid)?;
+            self.retx_head = self.retx_head.wrapping_add(1);
+            self.pkts[psn.get() as usize % W].queued = false;
+            if self.pkts[psn.get() as usize % W].path == NO_PATH {
+                // Sent again after a receiver-not-ready NACK, not after a loss.
+                self.counters.rnr_retries += 1;
+            }
+            self.counters.retransmitted += 1;
+            self.paths[path].stats.retransmitted += 1;
+            return self.send_packet(now, buf, psn, path, true);
+        }
+        None
+    }
+
+    pub(super) fn transmit_new(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        if psn_diff(self.nxt, self.una) as usize >= W {
+            return None;
+        }
+        // The oldest message with packets left to send, from the hint on.
+        let ahead = self.send_hint.wrapping_sub(self.msg_head);
+        let mut m = if ahead <= self.msg_tail.wrapping_sub(self.msg_head) {
+            self.send_hint
+        } else {
+            self.msg_head
+        };
+        let found = loop {
+            if m == self.msg_tail {
+                return None;
+            }
+            if let Some(msg) = &self.msgs[m as usize % Q] {
+                if !msg.done && msg.next_pkt < msg.npkts {
+                    break m;
+                }
+            }
+            m = m.wrapping_add(1);
+        };
+        self.send_hint = found;
+        let path = self.pick_path(None)?;
+        let psn = self.nxt;
+        self.nxt = self.nxt.wrapping_add(1);
+        let msg = self.msgs[found as usize % Q].as_mut()?;
+        let idx = msg.next_pkt;
+        msg.next_pkt += 1;
+        msg.last_psn = Some(psn);
+        self.pkts[psn.get() as usize % W] = TxPkt {
+            psn,
+            msg: found,
+            idx,
+            path: path as u8,
+            ..TxPkt::default()
+        };
+        self.counters.data_sent += 1;
+        self.send_packet(now, buf, psn, path, false)
+    }
+
+    pub(super) fn send_packet(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        psn: Psn,
+        path: usize,
+        retransmit: bool,
+    ) -> Option<Transmit> {
+        let pk = self.pkts[psn.get() as usize % W];
+        let msg = self.msgs[pk.msg as usize % Q]?;
+        let p = &mut self.paths[path];
+        let seq = p.next_seq;
+        p.next_seq = seq.add(1);
+        let slot = seq.0 as usize % PATH_RING;
+        p.ring_psn[slot] = psn.get();
+        p.ring_sent[slot] = now;
+        p.stats.sent += 1;
+        let pk = &mut self.pkts[psn.get() as usize % W];
+        pk.path = path as u8;
+        pk.seq = seq;
+        pk.sent_at = now;
+        let idx = pk.idx;
+
+        let mtu = self.cfg.mtu;
+        let offset = idx * mtu;
+        let (len, opcode) = match msg.kind {
+            MsgKind::Read => (0, Opcode::MrReadRequest),
+            MsgKind::Atomic if msg.atomic.2 => (0, Opcode::MrCompareSwap),
+            MsgKind::Atomic => (0, Opcode::MrFetchAdd),
+            MsgKind::AtomicResponse => (0, Opcode::MrAtomicResponse),
+            MsgKind::ReadResponse => (
+                msg.len.saturating_sub(offset).min(mtu),
+                Opcode::MrReadResponse,
+            ),
+            MsgKind::Send => (
+                msg.len.saturating_sub(offset).min(mtu),
+                if msg.imm.is_some() {
+                    Opcode::MrSendImm
+                } else {
+                    Opcode::MrSend
+                },
+            ),
+            MsgKind::Write => (
+                msg.len.saturating_sub(offset).min(mtu),
+                if msg.imm.is_some() {
+                    Opcode::MrWriteImm
+                } else {
+                    Opcode::MrWrite
+                },
+            ),
+        };
+        // An acknowledgement that waits rides along when the packet stays within a full one.
+        let piggy = if len as usize + PiggyAck::LEN <= mtu as usize {
+            self.waiting_ack().map(|i| PiggyAck {
+                cum_psn: self.rx_cum,
+                ack: self.take_ack(i, now),
+            })
+        } else {
+            None
+        };
+        if piggy.is_some() {
+            self.counters.acks_piggybacked += 1;
+        }
+        let data = MrDataRepr {
+            retransmit,
+            ack: piggy.is_some(),
+            path_id: path as u8,
+            stream_id: msg.stream,
+            path_seq: seq.0,
+            msn: msg.msn,
+            msg_offset: offset,
+            msg_len: msg.len,
+            timestamp: now as u32,
+        };
+        let remote = MrRemoteRepr {
+            va: msg.remote.va,
+            rkey: msg.remote.rkey,
+        };
+        let ext = match (opcode, msg.imm) {
+            (Opcode::MrWrite | Opcode::MrReadRequest, _) => Extensions::MrRemote(data, remote),
+            (Opcode::MrWriteImm, Some(i)) => Extensions::MrRemoteImm(data, remote, i),
+            (Opcode::MrSendImm, Some(i)) => Extensions::MrDataImm(data, i),
+            (Opcode::MrCompareSwap | Opcode::MrFetchAdd, _) => Extensions::MrAtomic(
+                data,
+                AtomicEthRepr {
+                    va: msg.remote.va,
+                    rkey: msg.remote.rkey,
+                    swap_add: msg.atomic.0,
+                    compare: msg.atomic.1,
+                },
+            ),
+            (Opcode::MrAtomicResponse, _) => {
+                Extensions::MrAtomicAck(data, AtomicAckEthRepr { orig: msg.atomic.0 })
+            }
+            _ => Extensions::MrData(data),
+        };
+        let pad = ((4 - len % 4) % 4) as u8;
+        let last = idx + 1 == msg.npkts;
+        let bth = self.bth(opcode, psn, pad, last);
+        let addr = msg.local_addr + u64::from(offset);
+        let mut tx = self.write_headers(buf, bth, ext, path, addr, len as usize)?;
+        if let Some(p) = piggy {
+            p.emit(buf.get_mut(tx.header_len..)?).ok()?;
+            tx.header_len += PiggyAck::LEN;
+            tx.len += PiggyAck::LEN;
+        }
+        Some(tx)
+    }
+
+    /// Adds the pad and the ICRC to a datagram whose headers came from
+    /// [`Connection::poll_transmit`] and whose payload the runner has copied in after them.
+    pub fn seal(&mut self, tx: &Transmit, buf: &mut [u8]) {
+        let Some(datagram) = buf.get_mut(..tx.len) else {
+            return;
+        };
+        let pad_at = tx.header_len + tx.payload_len;
+        let icrc_at = tx.len - 4;
+        datagram[pad_at..icrc_at].fill(0);
+        let value = self.icrc_tx.icrc(
+            (self.cfg.local_ip, self.cfg.remote_ip),
+            (tx.src_port, self.cfg.dst_port),
+            &datagram[..icrc_at],
+            self.cfg.icrc_engine,
+        );
+        datagram[icrc_at..].copy_from_slice(&value.to_le_bytes());
+    }
+}
