@@ -21,4 +21,5 @@ extern crate std;
 
 pub mod conn;
 pub mod icrc;
+pub mod rate;
 pub mod wire;

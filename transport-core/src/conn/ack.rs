@@ -279,6 +279,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         self.drop_transmission(i, seq, now);
         self.paths[i].stats.lost += 1;
         self.counters.lost_by_sack += 1;
+        self.rate.on_loss(i, now);
     }
 
     /// Moves a path's oldest unresolved transmission past resolved ones.

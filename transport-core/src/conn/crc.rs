@@ -74,6 +74,7 @@ pub(super) struct IcrcPrefixes([Option<(u64, icrc::SplitPrefix)>; ICRC_SLOTS]);
 
 impl IcrcPrefixes {
     /// [`compute_icrc`] through the cache.
+    #[inline]
     pub(super) fn icrc(
         &mut self,
         (src, dst): (IpAddr, IpAddr),

@@ -16,12 +16,12 @@
 //!   only when that cumulative PSN has passed it.
 //! - Streams (const `S`): completions are delivered in order within a stream, never held up by
 //!   another stream. A Send matches the receive buffer posted for its message sequence number.
-//! - Congestion: every path has its own window, AIMD on ECN. An ACK that reports CE marks halves
-//!   the window of the path that carried them (at most once per that path's RTT); unmarked ACKs
-//!   grow it by one packet per window acknowledged, up to [`Config::window_per_path`]. New packets
-//!   go round-robin to paths with room, so a marked path carries less and its share moves to the
-//!   clear ones. Loss alone does not shrink a window: the fabric is lossy by design, and
-//!   timeouts lead to probing and failover instead.
+//! - Congestion (`crate::rate`, reached through `cc`): every path has its own window, AIMD on
+//!   ECN. An ACK that reports CE marks halves the window of the path that carried them (at most
+//!   once per that path's RTT); unmarked ACKs grow it by one packet per window acknowledged, up to
+//!   [`Config::window_per_path`]. New packets go round-robin to paths with room, so a marked path
+//!   carries less and its share moves to the clear ones. Loss alone does not shrink a window: the
+//!   fabric is lossy by design, and timeouts lead to probing and failover instead.
 //!
 //! Capacities: `W` packets in flight per connection (and the receive PSN window), `Q` messages in
 //! flight and receive buffers per stream, `R` memory regions. Every operation is bounded by them.
@@ -57,6 +57,7 @@ pub use config::{entropy_port, path_origin, Config};
 pub use crc::compute_icrc;
 
 use crate::icrc;
+use crate::rate::{AckReport, Algorithm, RateControl};
 use crate::wire::metaroce::{
     MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr, NackReason, PiggyAck, SACK_BITS,
 };
@@ -150,6 +151,8 @@ pub struct Connection<
     /// ICRC prefixes of what this end sends and receives.
     icrc_tx: IcrcPrefixes,
     icrc_rx: IcrcPrefixes,
+    /// The paths' windows: only the controller changes them (`cc`).
+    rate: RateControl<P>,
 }
 
 impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: usize>
@@ -187,8 +190,6 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             tail_probe_tries: 0,
             timer_from: 0,
             last_ack_at: 0,
-            cwnd: cfg.window_per_path * CWND_ONE,
-            cwnd_cut_at: None,
             stats: PathStats {
                 src_port: entropy_port(cfg.entropy_seed, i as u8, 0),
                 active: i < usize::from(cfg.paths),
@@ -253,6 +254,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             events_lost: 0,
             icrc_tx: IcrcPrefixes::default(),
             icrc_rx: IcrcPrefixes::default(),
+            rate: RateControl::new(Algorithm::EcnAimd, cfg.window_per_path),
             cfg,
         }
     }
@@ -274,7 +276,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         s.active = path < usize::from(self.cfg.paths) && p.state == PathState::Active;
         s.in_flight = p.next_seq.diff(p.una) as u32;
         s.rtt_smoothed = p.srtt;
-        s.cwnd = p.cwnd / CWND_ONE;
+        s.cwnd = self.rate.window(path);
         Some(s)
     }
 

@@ -117,15 +117,8 @@ pub(super) struct TxPath {
     pub(super) timer_from: Instant,
     /// When the last consistent ACK of this path arrived.
     pub(super) last_ack_at: Instant,
-    /// Congestion window, 1/256 packet units ([`CWND_ONE`] is one packet).
-    pub(super) cwnd: u32,
-    /// When the window was last halved for ECN marks.
-    pub(super) cwnd_cut_at: Option<Instant>,
     pub(super) stats: PathStats,
 }
-
-/// One packet in congestion window units.
-pub(super) const CWND_ONE: u32 = 256;
 
 /// A set of path indices (at most 256 paths), for finding a flagged path without walking every
 /// path's state.

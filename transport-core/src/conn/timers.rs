@@ -157,6 +157,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         p.tail_probe_ts = None;
         p.tail_probe_tries = 0;
         self.counters.lost_by_timeout += lost;
+        self.rate.on_timeout(i, now);
         self.path_silent(i, now);
     }
 

@@ -277,7 +277,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         for k in 0..n {
             let i = (self.rr + k) % n;
             let p = &self.paths[i];
-            let room = (p.next_seq.diff(p.una) as u32) < (p.cwnd / CWND_ONE).max(1);
+            let room = (p.next_seq.diff(p.una) as u32) < self.rate.window(i);
             if p.state != PathState::Active || !room {
                 continue;
             }
