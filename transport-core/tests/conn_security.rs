@@ -808,3 +808,22 @@ fn a_carried_ack_must_be_whole() {
     let c = *p.b.conn.counters();
     assert_eq!((c.acks_piggyback_received, c.data_received), (1, 1));
 }
+
+#[test]
+fn errors_say_what_went_wrong() {
+    use transport_core::conn::{DropReason, PostError, RegionError};
+    assert!(PostError::QueueFull
+        .to_string()
+        .contains("poll completions"));
+    assert!(PostError::Misaligned.to_string().contains("8-byte aligned"));
+    assert_eq!(
+        RegionError::DuplicateKey(0x51).to_string(),
+        "key 0x51 is already registered"
+    );
+    assert!(DropReason::OutOfWindow
+        .to_string()
+        .contains("receive window"));
+    // Usable as errors.
+    let e: &dyn core::error::Error = &DropReason::Inconsistent;
+    assert!(e.to_string().contains("never sent"));
+}

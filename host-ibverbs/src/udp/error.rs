@@ -106,23 +106,8 @@ impl fmt::Display for Error {
             ),
             ErrorKind::EmptyRegion => write!(f, "a memory region needs at least one byte"),
             ErrorKind::OutOfMemory(n) => write!(f, "cannot allocate {n} bytes"),
-            ErrorKind::Post(e) => write!(
-                f,
-                "{}",
-                match e {
-                    PostError::QueueFull =>
-                        "the send queue is full; poll completions before posting more",
-                    PostError::NoSuchStream => "no such stream",
-                    PostError::BadLength =>
-                        "bad length (Read of 0 bytes, atomic not of 8 bytes, or over 2 GiB)",
-                    PostError::Misaligned => "an atomic's addresses must be 8-byte aligned",
-                }
-            ),
-            ErrorKind::Region(e) => match e {
-                RegionError::TableFull => write!(f, "the connection's region table is full"),
-                RegionError::DuplicateKey(k) => write!(f, "key {k:#x} is already registered"),
-                RegionError::Overflow => write!(f, "the region wraps the address space"),
-            },
+            ErrorKind::Post(e) => write!(f, "{e}"),
+            ErrorKind::Region(e) => write!(f, "{e}"),
             ErrorKind::NoSuchQp(q) => write!(f, "no queue pair {q:#x} on this device"),
             ErrorKind::Invalid(what) => write!(f, "invalid {what}"),
         }

@@ -56,6 +56,18 @@ pub enum RegionError {
     Overflow,
 }
 
+impl core::fmt::Display for RegionError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            RegionError::TableFull => f.write_str("the connection's region table is full"),
+            RegionError::DuplicateKey(k) => write!(f, "key {k:#x} is already registered"),
+            RegionError::Overflow => f.write_str("the region wraps the address space"),
+        }
+    }
+}
+
+impl core::error::Error for RegionError {}
+
 /// A bounded table of regions.
 #[derive(Debug, Clone)]
 pub struct RegionTable<const R: usize> {

@@ -353,3 +353,39 @@ pub struct PathStats {
     /// Times it failed.
     pub failures: u64,
 }
+
+impl core::fmt::Display for PostError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            PostError::QueueFull => "the send queue is full; poll completions before posting more",
+            PostError::NoSuchStream => "no such stream",
+            PostError::BadLength => {
+                "bad length (Read of 0 bytes, atomic not of 8 bytes, or over 2 GiB)"
+            }
+            PostError::Misaligned => "an atomic's addresses must be 8-byte aligned",
+        })
+    }
+}
+
+impl core::error::Error for PostError {}
+
+impl core::fmt::Display for DropReason {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            DropReason::Malformed => "malformed (truncated, bad ICRC or unknown layout)",
+            DropReason::WrongQp => "for another queue pair",
+            DropReason::WrongPkey => "another partition key",
+            DropReason::OutOfWindow => "PSN outside the receive window",
+            DropReason::UnknownPath => "names a path this connection does not have",
+            DropReason::Duplicate => "already received",
+            DropReason::UnsupportedOpcode => "an opcode this connection does not act on",
+            DropReason::WrongPort => "from a port the peer's path does not send from",
+            DropReason::Inconsistent => "names what was never sent or is not outstanding",
+            DropReason::RefusalsFull => {
+                "would be refused, and too many refusals await confirmation"
+            }
+        })
+    }
+}
+
+impl core::error::Error for DropReason {}
