@@ -5,8 +5,6 @@ use super::*;
 impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: usize>
     Connection<P, W, S, Q, R>
 {
-    // ----- timers -----------------------------------------------------------------------
-
     pub(super) fn rto(&self, p: &TxPath) -> u64 {
         let inflight = p.next_seq.diff(p.una) as u32;
         let base = if inflight <= self.cfg.rto_low_inflight {
@@ -15,6 +13,28 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             self.cfg.rto_high
         };
         base.max(p.srtt + 4 * p.rttvar)
+    }
+
+    /// When path `i`'s retransmission timer fires: its oldest unresolved transmission (or the
+    /// restart after a stall, if later) plus its timeout; none while nothing is in flight on it.
+    /// Both timer entry points read the deadlines from here and from [`Self::unaccepted_at`].
+    fn rto_at(&self, i: usize) -> Option<Instant> {
+        let p = &self.paths[i];
+        (p.una != p.next_seq).then(|| {
+            let slot = p.una.0 as usize % PATH_RING;
+            p.ring_sent[slot].max(p.timer_from) + self.rto(p)
+        })
+    }
+
+    /// When the oldest packet in flight, which the path layer saw arrive but the peer never
+    /// accepted (refused while its refusal table was full, or the ACK that would have covered it
+    /// was lost), is sent again: the long timeout after it left.
+    fn unaccepted_at(&self) -> Option<Instant> {
+        if self.una == self.nxt {
+            return None;
+        }
+        let oldest = &self.pkts[self.una.get() as usize % W];
+        oldest.acked.then(|| oldest.sent_at + self.cfg.rto_high)
     }
 
     /// When [`Connection::handle_timeout`] should next be called.
@@ -30,9 +50,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             .enumerate()
             .take(usize::from(self.cfg.paths))
         {
-            if p.una != p.next_seq {
-                let slot = p.una.0 as usize % PATH_RING;
-                at(p.ring_sent[slot].max(p.timer_from) + self.rto(p));
+            if let Some(d) = self.rto_at(i) {
+                at(d);
             }
             if p.state == PathState::Probing {
                 at(p.probe_due);
@@ -41,11 +60,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 at(d);
             }
         }
-        if self.una != self.nxt {
-            let oldest = &self.pkts[self.una.get() as usize % W];
-            if oldest.acked {
-                at(oldest.sent_at + self.cfg.rto_high);
-            }
+        if let Some(d) = self.unaccepted_at() {
+            at(d);
         }
         if let Some(w) = self.retx_wake {
             at(w);
@@ -67,12 +83,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     pub fn handle_timeout(&mut self, now: Instant) {
         self.settle_carried();
         for i in 0..usize::from(self.cfg.paths) {
-            let p = &self.paths[i];
-            if p.una != p.next_seq {
-                let slot = p.una.0 as usize % PATH_RING;
-                if now >= p.ring_sent[slot].max(p.timer_from) + self.rto(p) {
-                    self.path_timeout(i, now);
-                }
+            if self.rto_at(i).is_some_and(|d| now >= d) {
+                self.path_timeout(i, now);
             }
             if let Some(d) = self.rx_paths[i].ack_due {
                 if now >= d {
@@ -102,17 +114,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         {
             self.control_dirty = true;
         }
-        // A packet the path layer saw arrive but the peer never accepted (refused while its
-        // refusal table was full, or the ACK that would have covered it was lost): send it
-        // again once the long timeout has passed.
-        if self.una != self.nxt {
+        if self.unaccepted_at().is_some_and(|d| now >= d) {
             let idx = self.una.get() as usize % W;
-            let pk = self.pkts[idx];
-            if pk.acked && now >= pk.sent_at + self.cfg.rto_high {
-                self.pkts[idx].acked = false;
-                self.pkts[idx].sent_at = now;
-                self.queue_retx(self.una, now);
-            }
+            self.pkts[idx].acked = false;
+            self.pkts[idx].sent_at = now;
+            self.queue_retx(self.una, now);
         }
     }
 
