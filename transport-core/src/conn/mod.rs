@@ -41,6 +41,7 @@ mod crc;
 mod receive;
 mod region;
 mod responder;
+mod runner;
 mod sack;
 mod seq;
 mod state;
@@ -55,6 +56,7 @@ pub use types::*;
 
 pub use config::{entropy_port, path_origin, Config};
 pub use crc::compute_icrc;
+pub use runner::{Applied, Memory};
 
 use crate::icrc;
 use crate::rate::{AckReport, Algorithm, RateControl};

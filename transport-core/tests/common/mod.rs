@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use core::net::{IpAddr, Ipv4Addr};
-use transport_core::conn::{Config, Connection, Delivery, DropReason, Event};
+use transport_core::conn::{Applied, Config, Connection, Delivery, DropReason, Event, Memory};
 use transport_core::wire::Qpn;
 
 pub type Conn = Connection<4, 256, 2, 16, 4>;
@@ -123,12 +123,9 @@ impl Pair {
                 side.conn.poll_transmit(self.now, &mut buf)
             };
             let Some(tx) = next else { break };
-            if tx.payload_len > 0 {
-                let at = (tx.payload_addr - BASE) as usize;
-                buf[tx.header_len..tx.header_len + tx.payload_len]
-                    .copy_from_slice(&side.mem[at..at + tx.payload_len]);
-            }
-            side.conn.seal(&tx, &mut buf);
+            assert!(side
+                .conn
+                .fill_and_seal(&tx, &mut buf, &AtBase(&mut side.mem)));
             self.wire.push((to_b, tx.src_port, buf[..tx.len].to_vec()));
         }
     }
@@ -154,27 +151,9 @@ impl Pair {
     ) -> Result<Delivery, DropReason> {
         let side = if to_b { &mut self.b } else { &mut self.a };
         let d = side.conn.handle_datagram(self.now, src_port, ce, bytes);
-        match d {
-            Ok(Delivery::Place { addr, offset, len }) => {
-                let at = (addr - BASE) as usize;
-                side.mem[at..at + len].copy_from_slice(&bytes[offset..offset + len]);
-            }
-            Ok(Delivery::Atomic {
-                addr,
-                compare,
-                swap_add,
-            }) => {
-                let at = (addr - BASE) as usize;
-                let orig = u64::from_ne_bytes(side.mem[at..at + 8].try_into().unwrap());
-                let new = transport_core::conn::atomic_new_value(orig, compare, swap_add);
-                side.mem[at..at + 8].copy_from_slice(&new.to_ne_bytes());
-                side.conn.atomic_result(orig);
-            }
-            Ok(Delivery::Value { addr, value }) => {
-                let at = (addr - BASE) as usize;
-                side.mem[at..at + 8].copy_from_slice(&value.to_ne_bytes());
-            }
-            _ => {}
+        if let Ok(delivery) = d {
+            let applied = side.conn.apply(&mut AtBase(&mut side.mem), bytes, delivery);
+            assert_ne!(applied, Applied::OutOfMemory, "{delivery:?}");
         }
         d
     }
@@ -227,6 +206,32 @@ impl Pair {
             while let Some(e) = side.conn.poll_event() {
                 side.events.push(e);
             }
+        }
+    }
+}
+
+/// A side's memory, at address `BASE`.
+pub struct AtBase<'a>(pub &'a mut [u8]);
+
+impl Memory for AtBase<'_> {
+    fn read(&self, addr: u64, len: usize) -> Option<&[u8]> {
+        let at = usize::try_from(addr.checked_sub(BASE)?).ok()?;
+        self.0.get(at..at.checked_add(len)?)
+    }
+
+    fn write(&mut self, addr: u64, bytes: &[u8]) -> bool {
+        let Some(at) = addr.checked_sub(BASE).and_then(|a| usize::try_from(a).ok()) else {
+            return false;
+        };
+        match at
+            .checked_add(bytes.len())
+            .and_then(|end| self.0.get_mut(at..end))
+        {
+            Some(dst) => {
+                dst.copy_from_slice(bytes);
+                true
+            }
+            None => false,
         }
     }
 }
