@@ -12,8 +12,8 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
 use transport_core::conn::{
-    Access, CompletionKind, Config, Connection, Delivery, Event, RecvRequest, Region, RemoteAddr,
-    Status, WorkRequest, WrOp,
+    Access, Applied, CompletionKind, Config, Connection, Event, Memory, RecvRequest, Region,
+    RemoteAddr, Status, WorkRequest, WrOp,
 };
 use transport_core::wire::{Opcode, Psn, Qpn};
 
@@ -490,13 +490,8 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
                     ep.wake = None;
                     break;
                 };
-                if tx.payload_len > 0 {
-                    let (mem, base) = local_memory(ep, is_a, tx.payload_addr, size);
-                    let at = (tx.payload_addr - base) as usize;
-                    buf[tx.header_len..tx.header_len + tx.payload_len]
-                        .copy_from_slice(&mem[at..at + tx.payload_len]);
-                }
-                ep.conn.seal(&tx, &mut buf);
+                let mem = memory_of(is_a, size, &mut ep.src, &mut ep.dst, &mut ep.atom);
+                assert!(ep.conn.fill_and_seal(&tx, &mut buf, &mem), "{tx:?}");
                 let bytes = buf[..tx.len].to_vec();
                 ep.link_free = now + ser(tx.len);
                 ep.wake = Some(ep.link_free);
@@ -574,27 +569,16 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
             let ep = if x.to_b { &mut b } else { &mut a };
             let is_a = !x.to_b;
             let delivery = ep.conn.handle_datagram(now, x.src_port, false, &x.bytes);
-            if let Ok(Delivery::Atomic {
-                addr,
-                compare,
-                swap_add,
-            }) = delivery
-            {
-                let at = (addr - atom_base) as usize;
-                let orig = u64::from_ne_bytes(ep.atom[at..at + 8].try_into().expect("8 bytes"));
-                let new = transport_core::conn::atomic_new_value(orig, compare, swap_add);
-                ep.atom[at..at + 8].copy_from_slice(&new.to_ne_bytes());
-                ep.conn.atomic_result(orig);
+            let mut mem = memory_of(is_a, size, &mut ep.src, &mut ep.dst, &mut ep.atom);
+            let applied = match delivery {
+                Ok(d) => ep.conn.apply(&mut mem, &x.bytes, d),
+                Err(_) => Applied::Nothing,
+            };
+            assert_ne!(applied, Applied::OutOfMemory, "{delivery:?}");
+            if let Applied::Atomic { .. } = applied {
                 report.atomics += 1;
             }
-            if let Ok(Delivery::Value { addr, value }) = delivery {
-                let at = (addr - res_base) as usize;
-                ep.atom[at..at + 8].copy_from_slice(&value.to_ne_bytes());
-            }
-            if let Ok(Delivery::Place { addr, offset, len }) = delivery {
-                let (mem, base) = local_memory_mut(ep, is_a, size);
-                let at = (addr - base) as usize;
-                mem[at..at + len].copy_from_slice(&x.bytes[offset..offset + len]);
+            if let Applied::Placed { addr, len } = applied {
                 if placed.insert(addr, len as u32).is_some() {
                     report.duplicates_delivered += 1;
                 } else {
@@ -666,25 +650,51 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
     report
 }
 
-/// The memory behind a local address: A sends from `src` (at BASE_A) and receives Read data
-/// into `dst` (after it); B receives Writes and Sends into `dst` (at BASE_B) and serves Reads
-/// from `src` (after it).
-fn local_memory(ep: &Endpoint, is_a: bool, addr: u64, size: usize) -> (&[u8], u64) {
-    let base = if is_a { BASE_A } else { BASE_B };
-    let upper = addr >= base + size as u64;
-    match (is_a, upper) {
-        (true, false) => (&ep.src, base),
-        (true, true) => (&ep.dst, base + size as u64),
-        (false, false) => (&ep.dst, base),
-        (false, true) => (&ep.src, base + size as u64),
+/// An endpoint's memory as the connection addresses it. A sends from `src` (at BASE_A), receives
+/// Read data into `dst` (after it) and the original values of its atomics into `atom` (after
+/// that); B receives Writes and Sends into `dst` (at BASE_B), serves Reads from `src` (after it)
+/// and keeps the atomics' counters in `atom` (after that).
+fn memory_of<'a>(
+    is_a: bool,
+    size: usize,
+    src: &'a mut [u8],
+    dst: &'a mut [u8],
+    atom: &'a mut [u8],
+) -> Segments<'a> {
+    let n = size as u64;
+    if is_a {
+        Segments([(BASE_A, src), (BASE_A + n, dst), (BASE_A + 2 * n, atom)])
+    } else {
+        Segments([(BASE_B, dst), (BASE_B + n, src), (BASE_B + 2 * n, atom)])
     }
 }
 
-/// The memory placements land in (see [`local_memory`]).
-fn local_memory_mut(ep: &mut Endpoint, is_a: bool, size: usize) -> (&mut [u8], u64) {
-    if is_a {
-        (&mut ep.dst, BASE_A + size as u64)
-    } else {
-        (&mut ep.dst, BASE_B)
+/// Memory in three segments, each at its base address.
+struct Segments<'a>([(u64, &'a mut [u8]); 3]);
+
+impl Segments<'_> {
+    /// The segment holding `len` bytes at `addr`, and the offset in it.
+    fn find(&self, addr: u64, len: usize) -> Option<(usize, usize)> {
+        self.0.iter().enumerate().find_map(|(i, (base, m))| {
+            let at = usize::try_from(addr.checked_sub(*base)?).ok()?;
+            (at.checked_add(len)? <= m.len()).then_some((i, at))
+        })
+    }
+}
+
+impl Memory for Segments<'_> {
+    fn read(&self, addr: u64, len: usize) -> Option<&[u8]> {
+        let (i, at) = self.find(addr, len)?;
+        Some(&self.0[i].1[at..at + len])
+    }
+
+    fn write(&mut self, addr: u64, bytes: &[u8]) -> bool {
+        match self.find(addr, bytes.len()) {
+            Some((i, at)) => {
+                self.0[i].1[at..at + bytes.len()].copy_from_slice(bytes);
+                true
+            }
+            None => false,
+        }
     }
 }
