@@ -46,3 +46,52 @@ fn a_stall_restarts_the_timers_and_what_arrived_meanwhile_settles_the_flight() {
         transport_core::conn::Event::Completion(c) if c.id == 1 && c.status == Status::Success
     )));
 }
+
+/// Moves 256 KiB from A to B while B sends nothing back from 3 us to `stall` ns after the start
+/// (its host gave it no CPU); returns A's events and counters.
+fn with_a_silent_peer(
+    stall: u64,
+) -> (
+    Vec<transport_core::conn::Event>,
+    transport_core::conn::Counters,
+) {
+    use transport_core::conn::Event;
+    let mut p = Pair::granting_writes(KEY);
+    p.a.conn
+        .post(0, common::write_at(1, 0, 256 * 1024, KEY))
+        .unwrap();
+    let start = p.now;
+    let mut done = false;
+    for _ in 0..200_000 {
+        let stalled = (start + 3_000..start + stall).contains(&p.now);
+        p.round(&mut |to_b, _| stalled && !to_b);
+        if p.a.events.iter().any(|e| matches!(e, Event::Completion(_))) {
+            done = true;
+            break;
+        }
+    }
+    assert!(done, "{:?}", p.a.conn.counters());
+    assert!(p.a.mem[..256 * 1024] == p.b.mem[..256 * 1024]);
+    (std::mem::take(&mut p.a.events), *p.a.conn.counters())
+}
+
+/// The peer's host stalls for 1 ms (nothing comes back on any path for twenty probe intervals of
+/// this configuration, where four unanswered probes declare a path failed) while the connection
+/// waits for it: the paths stop carrying data and are probed, but none is declared failed, since
+/// nothing shows that a route rather than the peer is at fault; when the peer runs again
+/// everything completes. A path that alone goes silent while the others are heard is still
+/// declared failed (`forged_probe_replies_do_not_revive_a_failed_path`, the selftest's dead path).
+#[test]
+fn a_stalled_peer_gets_no_path_declared_failed() {
+    let (events, c) = with_a_silent_peer(1_000_000);
+    assert!(c.probes_sent > 0, "the paths were probed: {c:?}");
+    assert_eq!(c.path_failures, 0, "{events:?}");
+}
+
+/// A silence of the whole peer much longer than a host stall (20 ms, 400 probe intervals) may be
+/// every route dying at once: the paths are then declared failed and take new ones.
+#[test]
+fn a_silence_long_enough_fails_the_paths_over() {
+    let (_, c) = with_a_silent_peer(20_000_000);
+    assert!(c.path_failures > 0, "{c:?}");
+}

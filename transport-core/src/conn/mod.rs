@@ -75,6 +75,10 @@ const NO_PATH: u8 = u8::MAX;
 /// Tail probes sent before the silence of a path's tail is taken as the loss of what it carried
 /// (one more than one: a lost probe or a lost answer alone must not declare a window lost).
 const TAIL_PROBE_TRIES: u8 = 2;
+/// Probes in a row that a path may leave unanswered, while the whole peer is silent and the
+/// connection waits for it, before they count towards declaring the path failed: a stalled peer
+/// host is not a dead route, but a silence this long may be every route dying at once.
+const QUIET_PROBES: u8 = 8;
 /// Pending NACKs at most.
 const NACK_QUEUE: usize = 16;
 /// Fatal refusals a responder holds until the requester confirms them; while all are taken, a
@@ -155,6 +159,8 @@ pub struct Connection<
     icrc_rx: IcrcPrefixes,
     /// The paths' windows: only the controller changes them (`cc`).
     rate: RateControl<P>,
+    /// When a datagram of this connection last passed the checks (from any path).
+    last_heard: Instant,
 }
 
 impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: usize>
@@ -185,6 +191,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             probe_due: 0,
             probe_pending: false,
             probes_unanswered: 0,
+            probe_at: 0,
+            quiet_probes: 0,
             tail_probe_pending: false,
             tail_probe_ts: None,
             tail_probe_at: 0,
@@ -257,6 +265,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             icrc_tx: IcrcPrefixes::default(),
             icrc_rx: IcrcPrefixes::default(),
             rate: RateControl::new(Algorithm::EcnAimd, cfg.window_per_path),
+            last_heard: 0,
             cfg,
         }
     }

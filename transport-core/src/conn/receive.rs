@@ -43,6 +43,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if ce {
             self.counters.ecn_ce_received += 1;
         }
+        // The peer is alive and this end is hearing it: a path whose probes go unanswered
+        // meanwhile is at fault, not the hosts.
+        self.last_heard = now;
         match view.ext {
             Extensions::MrAck(ack) => self
                 .on_ack(now, AckOrigin::Own { src_port }, bth.psn, &ack)
@@ -158,6 +161,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             p.state = PathState::Active;
             p.timeouts_in_row = 0;
             p.probes_unanswered = 0;
+            p.quiet_probes = 0;
             let rtt = u64::from((now as u32).wrapping_sub(probe.ts_echo));
             rtt_sample(p, rtt);
             if p.failed {

@@ -101,6 +101,10 @@ pub(super) struct TxPath {
     pub(super) probe_due: Instant,
     pub(super) probe_pending: bool,
     pub(super) probes_unanswered: u8,
+    /// When the latest probe (not a tail probe) left.
+    pub(super) probe_at: Instant,
+    /// Probes in a row left unanswered while nothing came from the peer on any path.
+    pub(super) quiet_probes: u8,
     /// A tail probe is to be sent (first timeout on an active path).
     pub(super) tail_probe_pending: bool,
     /// The timestamp of the tail probe in flight: the ACK that echoes it settles the tail.

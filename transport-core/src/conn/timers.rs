@@ -177,6 +177,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if p.state == PathState::Active && p.timeouts_in_row >= self.cfg.timeouts_to_probe {
             p.state = PathState::Probing;
             p.probes_unanswered = 0;
+            p.quiet_probes = 0;
             p.probe_pending = true;
             p.probe_due = now + self.cfg.probe_interval;
             self.control_dirty = true;

@@ -210,10 +210,26 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             }
         }
         for i in 0..n {
+            // Whether the connection waits for the peer: then a silence of every path may be the
+            // peer's host (stalled), not the routes.
+            let waiting = self.una != self.nxt;
             let p = &mut self.paths[i];
             if p.state == PathState::Probing && p.probe_pending {
                 p.probe_pending = false;
-                p.probes_unanswered = p.probes_unanswered.saturating_add(1);
+                // A probe left unanswered counts against the path when the peer was heard since
+                // it left (on any path: the peer runs, this route does not carry), when the
+                // connection waits for nothing (no evidence the other way), or once the whole
+                // peer has been silent for `QUIET_PROBES` probes (every route may be dead: the
+                // paths must take new ones). Otherwise the peer's host or this one was stalled
+                // and no path is at fault.
+                let heard = self.last_heard > p.probe_at;
+                if p.probes_unanswered == 0 || heard || !waiting || p.quiet_probes >= QUIET_PROBES {
+                    p.probes_unanswered = p.probes_unanswered.saturating_add(1);
+                    p.quiet_probes = 0;
+                } else {
+                    p.quiet_probes += 1;
+                }
+                p.probe_at = now;
                 if p.probes_unanswered > self.cfg.probes_to_fail {
                     // Declare the route dead: new entropy, and keep probing on it.
                     p.generation = p.generation.wrapping_add(1);
