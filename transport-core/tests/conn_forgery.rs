@@ -695,3 +695,32 @@ proptest! {
         prop_assert_eq!(ids.len(), writes.len());
     }
 }
+
+/// Each reason a datagram is dropped for has its own counter: an ACK naming a path the
+/// connection does not have, and a RoCEv2 opcode the connection does not act on.
+#[test]
+fn an_unknown_path_and_an_unsupported_opcode_are_counted_apart() {
+    let mut p = pair();
+    let port = b_port(&p, 0);
+    let unknown_path = forge(
+        false,
+        port,
+        0,
+        Opcode::MrAck,
+        ack(200, 0, [0; SACK_BITS / 8]),
+    );
+    assert_eq!(
+        p.deliver(false, port, &unknown_path),
+        Err(DropReason::UnknownPath)
+    );
+    let c = *p.a.conn.counters();
+    assert_eq!((c.drop_unknown_path, c.drop_unsupported_opcode), (1, 0));
+    // An IBTA RC Send-only packet: it parses, but this connection speaks MetaRoCE.
+    let rc_send = forge(false, port, 0, Opcode::RcSendOnly, Extensions::None);
+    assert_eq!(
+        p.deliver(false, port, &rc_send),
+        Err(DropReason::UnsupportedOpcode)
+    );
+    let c = *p.a.conn.counters();
+    assert_eq!((c.drop_unknown_path, c.drop_unsupported_opcode), (1, 1));
+}

@@ -78,7 +78,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     )
                 }
                 None => {
-                    self.counters.drop_other += 1;
+                    self.counters.drop_unsupported_opcode += 1;
                     Err(DropReason::UnsupportedOpcode)
                 }
             },
@@ -176,7 +176,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     pub(super) fn known_path(&mut self, path_id: u8) -> Result<usize, DropReason> {
         let i = usize::from(path_id);
         if i >= usize::from(self.cfg.paths) {
-            self.counters.drop_other += 1;
+            self.counters.drop_unknown_path += 1;
             return Err(DropReason::UnknownPath);
         }
         Ok(i)

@@ -156,7 +156,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 _ => Delivery::Nothing,
             },
             _ => {
-                self.counters.drop_other += 1;
+                self.counters.drop_unsupported_opcode += 1;
                 return Err(DropReason::UnsupportedOpcode);
             }
         };

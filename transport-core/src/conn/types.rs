@@ -293,8 +293,10 @@ pub struct Counters {
     pub drop_wrong_pkey: u64,
     /// Drops by reason: PSN or path sequence outside the window.
     pub drop_out_of_window: u64,
-    /// Drops by reason: unknown path or unsupported opcode.
-    pub drop_other: u64,
+    /// Drops by reason: a path this connection does not have.
+    pub drop_unknown_path: u64,
+    /// Drops by reason: an opcode this connection does not act on.
+    pub drop_unsupported_opcode: u64,
     /// Packets that would have been refused while every refusal slot waited for its
     /// confirmation: not accepted, the requester sends them again.
     pub drop_refusals_full: u64,
