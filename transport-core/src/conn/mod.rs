@@ -30,7 +30,8 @@
 //! packets, paths, streams, pending answers), this file (the `Connection` itself, posting and
 //! events), `transmit` (what leaves next, headers, the seal), `receive` (the checks every datagram
 //! passes, probes, NACKs), `ack` (ACKs, SACK and overdue loss detection, the window, completions),
-//! `responder` (placement, receives, refusals, Read and atomic responses), `timers`
+//! `responder` (placement, receives, refusals, Read and atomic responses), `refusals` (the table
+//! of refusals held until confirmed, which keeps its own count), `timers`
 //! (retransmission timeouts, probes, host stalls), `cc` (congestion control), `crc` (the ICRC over
 //! UDP), `region`, `sack`, `seq` and `types` (the public records).
 
@@ -39,6 +40,7 @@ mod cc;
 mod config;
 mod crc;
 mod receive;
+mod refusals;
 mod region;
 mod responder;
 mod runner;
@@ -88,6 +90,7 @@ const REFUSALS: usize = 8;
 use config::*;
 use crc::*;
 use receive::*;
+use refusals::*;
 use state::*;
 
 /// A connection with capacities: `P` paths, `W` packets in flight, `S` streams, `Q` messages and
@@ -142,9 +145,7 @@ pub struct Connection<
     /// The confirmation of the last fatal NACK that named nothing this end sent (a refusal of a
     /// forged packet, or a forgery itself): one slot, whatever the number of such NACKs.
     unverified_confirm: Option<PendingNack>,
-    refusals: [Option<Refusal>; REFUSALS],
-    /// How many entries of `refusals` are taken.
-    refusals_held: u8,
+    refusals: RefusalTable<REFUSALS>,
     /// Paths whose ACK is to go now (an ACK that goes now lives only here).
     acks_now: PathSet,
     /// Paths whose `ack_due` is set (an index of `rx_paths`, checked in debug builds).
@@ -253,8 +254,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             unverified_confirm: None,
             rack_sent: 0,
             rack_dirty: false,
-            refusals: [None; REFUSALS],
-            refusals_held: 0,
+            refusals: RefusalTable::new(),
             acks_now: PathSet::default(),
             acks_due: PathSet::default(),
             pending_atomic: None,
@@ -418,7 +418,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 
     /// Whether everything posted has completed and nothing is waiting to be sent.
     pub fn is_idle(&self) -> bool {
-        self.msg_head == self.msg_tail && self.una == self.nxt && self.refusals_held == 0
+        self.msg_head == self.msg_tail && self.una == self.nxt && !self.refusals.any()
     }
 }
 

@@ -220,24 +220,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
         if nack.reason == NackReason::RefusalSeen {
             // As responder: the requester has our refusal of `psn`.
-            let Some(slot) = self.refusals.iter_mut().find(|r| {
-                r.is_some_and(|r| {
-                    r.pending.psn == psn
-                        && r.pending.nack
-                            == MrNackRepr {
-                                reason: r.pending.nack.reason,
-                                ..*nack
-                            }
-                })
-            }) else {
+            if !self.refusals.confirm(psn, nack) {
                 self.counters.drop_bad_nack += 1;
                 return Err(DropReason::Inconsistent);
-            };
-            *slot = None;
-            self.refusals_held -= 1;
+            }
             self.counters.nacks_received += 1;
             self.counters.refusals_confirmed += 1;
-            if self.refusals_held == 0 {
+            if !self.refusals.any() {
                 // The requester's window waits for an ACK without the refusals flag.
                 self.acks_now.insert(i);
                 self.control_dirty = true;

@@ -231,13 +231,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if fatal {
             // Kept, and repeated, until the requester confirms it: until then no ACK lets the
             // requester count this PSN as accepted.
-            let Some(slot) = self.refusals.iter_mut().find(|r| r.is_none()) else {
+            if !self.refusals.hold(pending) {
                 // Too many unconfirmed: do not accept it now; it comes again.
                 self.counters.drop_refusals_full += 1;
                 return Err(DropReason::RefusalsFull);
-            };
-            *slot = Some(Refusal { pending, due: None });
-            self.refusals_held += 1;
+            }
             self.accept(psn);
         } else if let Some(slot) = self.nacks.iter_mut().find(|s| s.is_none()) {
             *slot = Some(pending);

@@ -210,12 +210,3 @@ pub(super) struct PendingNack {
     pub(super) psn: Psn,
     pub(super) nack: MrNackRepr,
 }
-
-/// A fatal refusal the requester has not confirmed yet: its NACK goes again every
-/// `refusal_resend`, and every ACK says refusals are outstanding.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Refusal {
-    pub(super) pending: PendingNack,
-    /// When its NACK goes again; `None` until it is first sent (it goes at once).
-    pub(super) due: Option<Instant>,
-}

@@ -71,10 +71,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 at(d);
             }
         }
-        if self.refusals_held > 0 {
-            for r in self.refusals.iter().flatten() {
-                at(r.due.unwrap_or(0));
-            }
+        if let Some(d) = self.refusals.next_due() {
+            at(d);
         }
         t
     }
@@ -105,13 +103,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if self.retx_wake.is_some_and(|w| now >= w) {
             self.retx_wake = None;
         }
-        if self.refusals_held > 0
-            && self
-                .refusals
-                .iter()
-                .flatten()
-                .any(|r| r.due.is_none_or(|d| now >= d))
-        {
+        if self.refusals.due(now).is_some() {
             self.control_dirty = true;
         }
         if self.unaccepted_at().is_some_and(|d| now >= d) {

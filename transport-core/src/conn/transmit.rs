@@ -90,11 +90,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 
     /// Path `i`'s acknowledgement as of `now`; what it reports no longer waits.
     pub(super) fn take_ack(&mut self, i: usize, now: Instant) -> MrAckRepr {
-        let refusals = self.refusals_held > 0;
-        debug_assert_eq!(
-            usize::from(self.refusals_held),
-            self.refusals.iter().flatten().count()
-        );
+        let refusals = self.refusals.any();
         let rx = &mut self.rx_paths[i];
         let ack = MrAckRepr {
             ece: rx.ece,
@@ -153,12 +149,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             .or_else(|| self.unverified_confirm.take());
         if pending.is_none() {
             let next = now + self.cfg.refusal_resend;
-            if let Some(r) = self
-                .refusals
-                .iter_mut()
-                .flatten()
-                .find(|r| r.due.is_none_or(|d| now >= d))
-            {
+            if let Some(r) = self.refusals.due(now) {
                 if r.due.is_some() {
                     self.counters.nacks_resent += 1;
                 }
