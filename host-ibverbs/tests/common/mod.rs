@@ -105,7 +105,6 @@ pub fn pair(
     server_addr: &str,
     env: &[(&str, &str)],
 ) -> Pair {
-    let port = port().to_string();
     let spawn = |prefix: &[&str], args: Vec<&str>| {
         let mut cmd = if prefix.is_empty() {
             Command::new(bin())
@@ -121,26 +120,39 @@ pub fn pair(
             .stderr(Stdio::piped());
         cmd.spawn().expect("spawn metaroce")
     };
-    let mut sargs = vec!["-p", port.as_str(), "--json", "--once"];
-    sargs.extend_from_slice(server_args);
-    let mut server = spawn(server_prefix, sargs);
-    // Wait for the banner, keeping what came before it.
-    let mut stderr = BufReader::new(server.stderr.take().expect("stderr"));
-    let mut early = String::new();
-    loop {
-        let mut line = String::new();
-        if stderr.read_line(&mut line).unwrap_or(0) == 0 {
-            let out = wait(server, Duration::from_secs(5));
+    // The exchange port is picked per test; another process may hold it (these ports overlap
+    // the kernel's ephemeral range): then the server says so, and the next one is tried.
+    let mut attempt = 0;
+    let (port, server, mut stderr, mut early) = loop {
+        let port = port().to_string();
+        let mut sargs = vec!["-p", port.as_str(), "--json", "--once"];
+        sargs.extend_from_slice(server_args);
+        let mut server = spawn(server_prefix, sargs);
+        // Wait for the banner, keeping what came before it.
+        let mut stderr = BufReader::new(server.stderr.take().expect("stderr"));
+        let mut early = String::new();
+        let ready = loop {
+            let mut line = String::new();
+            if stderr.read_line(&mut line).unwrap_or(0) == 0 {
+                break false;
+            }
+            early.push_str(&line);
+            if line.contains("Waiting for client") {
+                break true;
+            }
+        };
+        if ready {
+            break (port, server, stderr, early);
+        }
+        let out = wait(server, Duration::from_secs(5));
+        attempt += 1;
+        if !(early.contains("Address already in use") && attempt < 8) {
             panic!(
                 "server exited early: {early}{}",
                 String::from_utf8_lossy(&out.stdout)
             );
         }
-        early.push_str(&line);
-        if line.contains("Waiting for client") {
-            break;
-        }
-    }
+    };
     let rest = std::thread::spawn(move || {
         let mut s = String::new();
         let _ = stderr.read_to_string(&mut s);
