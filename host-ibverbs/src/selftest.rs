@@ -12,8 +12,8 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::net::{IpAddr, Ipv4Addr};
 use transport_core::conn::{
-    Access, Applied, CompletionKind, Config, Connection, Event, Memory, RecvRequest, Region,
-    RemoteAddr, Status, WorkRequest, WrOp,
+    Access, Applied, CompletionKind, Config, Connection, Event, FlatMemory, Memory, RecvRequest,
+    Region, RemoteAddr, Status, WorkRequest, WrOp,
 };
 use transport_core::wire::{Opcode, Psn, Qpn};
 
@@ -662,39 +662,34 @@ fn memory_of<'a>(
     atom: &'a mut [u8],
 ) -> Segments<'a> {
     let n = size as u64;
+    let flat = |base, bytes| FlatMemory { base, bytes };
     if is_a {
-        Segments([(BASE_A, src), (BASE_A + n, dst), (BASE_A + 2 * n, atom)])
+        Segments([
+            flat(BASE_A, src),
+            flat(BASE_A + n, dst),
+            flat(BASE_A + 2 * n, atom),
+        ])
     } else {
-        Segments([(BASE_B, dst), (BASE_B + n, src), (BASE_B + 2 * n, atom)])
+        Segments([
+            flat(BASE_B, dst),
+            flat(BASE_B + n, src),
+            flat(BASE_B + 2 * n, atom),
+        ])
     }
 }
 
 /// Memory in three segments, each at its base address.
-struct Segments<'a>([(u64, &'a mut [u8]); 3]);
-
-impl Segments<'_> {
-    /// The segment holding `len` bytes at `addr`, and the offset in it.
-    fn find(&self, addr: u64, len: usize) -> Option<(usize, usize)> {
-        self.0.iter().enumerate().find_map(|(i, (base, m))| {
-            let at = usize::try_from(addr.checked_sub(*base)?).ok()?;
-            (at.checked_add(len)? <= m.len()).then_some((i, at))
-        })
-    }
-}
+struct Segments<'a>([FlatMemory<'a>; 3]);
 
 impl Memory for Segments<'_> {
     fn read(&self, addr: u64, len: usize) -> Option<&[u8]> {
-        let (i, at) = self.find(addr, len)?;
-        Some(&self.0[i].1[at..at + len])
+        self.0.iter().find_map(|m| m.read(addr, len))
     }
 
     fn write(&mut self, addr: u64, bytes: &[u8]) -> bool {
-        match self.find(addr, bytes.len()) {
-            Some((i, at)) => {
-                self.0[i].1[at..at + bytes.len()].copy_from_slice(bytes);
-                true
-            }
-            None => false,
-        }
+        self.0
+            .iter_mut()
+            .find(|m| m.offset_of(addr, bytes.len()).is_some())
+            .is_some_and(|m| m.write(addr, bytes))
     }
 }

@@ -63,7 +63,7 @@ pub struct PerfArgs {
     #[arg(long, default_value_t = 8)]
     pub paths: u8,
     /// Packets in flight per path.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = host_ibverbs::udp::DEFAULT_WINDOW)]
     pub window: u32,
     /// The backend.
     #[arg(long, value_enum, default_value_t = Transport::Udp)]

@@ -164,7 +164,7 @@ impl PerfConfig {
             qps: 1,
             paths: 8,
             mtu: None,
-            window: 32,
+            window: udp::DEFAULT_WINDOW,
             tx_depth: 128,
             all_sizes: false,
             busy_poll: false,

@@ -99,6 +99,9 @@ pub struct WorkCompletion {
     pub stream: u16,
 }
 
+/// Packets in flight per path by default (see [`QpAttr::default`]).
+pub const DEFAULT_WINDOW: u32 = 32;
+
 /// A queue pair's connection parameters.
 #[derive(Debug, Clone, Copy)]
 pub struct QpAttr {
@@ -132,7 +135,7 @@ impl Default for QpAttr {
         QpAttr {
             paths: 8,
             mtu: 4096,
-            window_per_path: 32,
+            window_per_path: DEFAULT_WINDOW,
             pkey: 0xffff,
             rto_low: 1_000_000,
             rto_high: 4_000_000,

@@ -58,7 +58,7 @@ pub use types::*;
 
 pub use config::{entropy_port, path_origin, Config};
 pub use crc::compute_icrc;
-pub use runner::{Applied, Memory};
+pub use runner::{Applied, FlatMemory, Memory};
 
 use crate::icrc;
 use crate::rate::{AckReport, Algorithm, RateControl};

@@ -18,6 +18,41 @@ pub trait Memory {
     fn write(&mut self, addr: u64, bytes: &[u8]) -> bool;
 }
 
+/// One contiguous memory at a base address: the simplest [`Memory`] (a test's, a harness's
+/// segment).
+#[derive(Debug)]
+pub struct FlatMemory<'a> {
+    /// The address of `bytes[0]`.
+    pub base: u64,
+    /// The memory.
+    pub bytes: &'a mut [u8],
+}
+
+impl FlatMemory<'_> {
+    /// Where `len` bytes at `addr` lie in `bytes`, if they all do.
+    pub fn offset_of(&self, addr: u64, len: usize) -> Option<usize> {
+        let at = usize::try_from(addr.checked_sub(self.base)?).ok()?;
+        (at.checked_add(len)? <= self.bytes.len()).then_some(at)
+    }
+}
+
+impl Memory for FlatMemory<'_> {
+    fn read(&self, addr: u64, len: usize) -> Option<&[u8]> {
+        let at = self.offset_of(addr, len)?;
+        Some(&self.bytes[at..at + len])
+    }
+
+    fn write(&mut self, addr: u64, bytes: &[u8]) -> bool {
+        match self.offset_of(addr, bytes.len()) {
+            Some(at) => {
+                self.bytes[at..at + bytes.len()].copy_from_slice(bytes);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// What [`Connection::apply`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
@@ -118,26 +153,6 @@ mod tests {
     use super::*;
     use core::net::Ipv4Addr;
 
-    /// 64 bytes at address 0x1000.
-    struct Small([u8; 64]);
-
-    impl Memory for Small {
-        fn read(&self, addr: u64, len: usize) -> Option<&[u8]> {
-            let at = usize::try_from(addr.checked_sub(0x1000)?).ok()?;
-            self.0.get(at..at.checked_add(len)?)
-        }
-        fn write(&mut self, addr: u64, bytes: &[u8]) -> bool {
-            match self.read(addr, bytes.len()).is_some() {
-                true => {
-                    let at = (addr - 0x1000) as usize;
-                    self.0[at..at + bytes.len()].copy_from_slice(bytes);
-                    true
-                }
-                false => false,
-            }
-        }
-    }
-
     fn conn() -> Connection<2, 16, 1, 4, 2> {
         let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
         Connection::new(Config::new(ip, ip, Qpn::new(1), Qpn::new(2)))
@@ -145,7 +160,12 @@ mod tests {
 
     #[test]
     fn placements_values_and_atomics_land_where_they_are_told() {
-        let (mut c, mut m) = (conn(), Small([0; 64]));
+        let mut c = conn();
+        let mut bytes = [0u8; 64];
+        let mut m = FlatMemory {
+            base: 0x1000,
+            bytes: &mut bytes,
+        };
         let datagram = [9u8, 8, 7, 6, 5];
         let placed = c.apply(
             &mut m,
@@ -163,7 +183,7 @@ mod tests {
                 len: 3
             }
         );
-        assert_eq!(&m.0[3..8], &[0, 8, 7, 6, 0]);
+        assert_eq!(&m.bytes[3..8], &[0, 8, 7, 6, 0]);
         let stored = c.apply(
             &mut m,
             &[],
@@ -185,12 +205,17 @@ mod tests {
                 orig: 41
             }
         );
-        assert_eq!(u64::from_ne_bytes(m.0[16..24].try_into().unwrap()), 42);
+        assert_eq!(u64::from_ne_bytes(m.bytes[16..24].try_into().unwrap()), 42);
     }
 
     #[test]
     fn what_lies_outside_the_memory_or_the_datagram_is_not_done() {
-        let (mut c, mut m) = (conn(), Small([0; 64]));
+        let mut c = conn();
+        let mut bytes = [0u8; 64];
+        let mut m = FlatMemory {
+            base: 0x1000,
+            bytes: &mut bytes,
+        };
         let outside = Delivery::Place {
             addr: 0x103e,
             offset: 0,
@@ -215,6 +240,6 @@ mod tests {
             swap_add: 1,
         };
         assert_eq!(c.apply(&mut m, &[], atomic), Applied::OutOfMemory);
-        assert_eq!(m.0, [0; 64]);
+        assert_eq!(m.bytes, &[0; 64]);
     }
 }

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use core::net::{IpAddr, Ipv4Addr};
-use transport_core::conn::{Applied, Config, Connection, Delivery, DropReason, Event, Memory};
+use transport_core::conn::{Applied, Config, Connection, Delivery, DropReason, Event, FlatMemory};
 use transport_core::wire::Qpn;
 
 pub type Conn = Connection<4, 256, 2, 16, 4>;
@@ -125,7 +125,7 @@ impl Pair {
             let Some(tx) = next else { break };
             assert!(side
                 .conn
-                .fill_and_seal(&tx, &mut buf, &AtBase(&mut side.mem)));
+                .fill_and_seal(&tx, &mut buf, &at_base(&mut side.mem)));
             self.wire.push((to_b, tx.src_port, buf[..tx.len].to_vec()));
         }
     }
@@ -152,7 +152,9 @@ impl Pair {
         let side = if to_b { &mut self.b } else { &mut self.a };
         let d = side.conn.handle_datagram(self.now, src_port, ce, bytes);
         if let Ok(delivery) = d {
-            let applied = side.conn.apply(&mut AtBase(&mut side.mem), bytes, delivery);
+            let applied = side
+                .conn
+                .apply(&mut at_base(&mut side.mem), bytes, delivery);
             assert_ne!(applied, Applied::OutOfMemory, "{delivery:?}");
         }
         d
@@ -211,27 +213,9 @@ impl Pair {
 }
 
 /// A side's memory, at address `BASE`.
-pub struct AtBase<'a>(pub &'a mut [u8]);
-
-impl Memory for AtBase<'_> {
-    fn read(&self, addr: u64, len: usize) -> Option<&[u8]> {
-        let at = usize::try_from(addr.checked_sub(BASE)?).ok()?;
-        self.0.get(at..at.checked_add(len)?)
-    }
-
-    fn write(&mut self, addr: u64, bytes: &[u8]) -> bool {
-        let Some(at) = addr.checked_sub(BASE).and_then(|a| usize::try_from(a).ok()) else {
-            return false;
-        };
-        match at
-            .checked_add(bytes.len())
-            .and_then(|end| self.0.get_mut(at..end))
-        {
-            Some(dst) => {
-                dst.copy_from_slice(bytes);
-                true
-            }
-            None => false,
-        }
+pub fn at_base(mem: &mut [u8]) -> FlatMemory<'_> {
+    FlatMemory {
+        base: BASE,
+        bytes: mem,
     }
 }
