@@ -10,13 +10,18 @@
 #     GRO, 8 MiB buffers, eight path sockets).
 # Prints one line per round and the median ratios. Needs iperf3 (Debian: iperf3).
 #
-# Usage: scripts/bench-host.sh [ROUNDS] [SECONDS] [LAT_SIZE] [LAT_ITERS]
+# Usage: scripts/bench-host.sh [ROUNDS] [SECONDS] [LAT_SIZE] [LAT_ITERS] [-- extra metaroce client options]
+# (the extra options go to the write-bw and write-lat clients; the server takes what the exchange
+# carries, such as --no-icrc)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-5}
 SECS=${2:-3}
 SIZE=${3:-2}
 ITERS=${4:-20000}
+shift $(( $# < 4 ? $# : 4 ))
+[ "${1:-}" = "--" ] && shift
+EXTRA=("$@")
 command -v iperf3 >/dev/null || { echo "iperf3 is needed (apt-get install iperf3)"; exit 2; }
 cargo build -q --release -p host-ibverbs --bin metaroce --example udp_pingpong --example udp_ceiling
 T=${CARGO_TARGET_DIR:-target}
@@ -43,7 +48,7 @@ for r in $(seq 1 "$ROUNDS"); do
   rm -f "$out"
   $M write-bw --once -p 18800 >/dev/null 2>&1 &
   sleep 0.3
-  j=$($M write-bw 127.0.0.1 -p 18800 -D "$SECS" --json 2>/dev/null)
+  j=$($M write-bw 127.0.0.1 -p 18800 -D "$SECS" --json ${EXTRA[@]+"${EXTRA[@]}"} 2>/dev/null)
   wait
   m=$(echo "$j" | py 'import json,sys; print(json.loads(sys.stdin.readline())["bw_avg_gbps"])')
   $P server 18801 &
@@ -56,7 +61,7 @@ for r in $(seq 1 "$ROUNDS"); do
   wait
   $M write-lat --once -p 18802 >/dev/null 2>&1 &
   sleep 0.3
-  l=$($M write-lat 127.0.0.1 -p 18802 -s "$SIZE" -n "$ITERS" --json 2>/dev/null)
+  l=$($M write-lat 127.0.0.1 -p 18802 -s "$SIZE" -n "$ITERS" --json ${EXTRA[@]+"${EXTRA[@]}"} 2>/dev/null)
   wait
   u50=$(echo "$u" | py 'import json,sys; print(json.load(sys.stdin)["p50_us"])')
   u99=$(echo "$u" | py 'import json,sys; print(json.load(sys.stdin)["p99_us"])')

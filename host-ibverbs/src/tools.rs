@@ -93,6 +93,13 @@ pub struct PerfArgs {
     /// verbs sleeps on the completion queue's channel (ibv_req_notify_cq, ibv_get_cq_event).
     #[arg(short = 'e', long = "use_event")]
     pub use_event: bool,
+    /// UDP transport: no ICRC on the data path, on both ends (the server takes the client's
+    /// choice): datagrams carry 0 in the field and arrivals are not checked, which saves a
+    /// CRC-32 over every byte on each end. Only between two metaroce ends: the UDP checksum and
+    /// the links' frame checks then guard the data, as they guard TCP's; a RoCE NIC, tshark's
+    /// ICRC check and an older metaroce server reject such datagrams.
+    #[arg(long)]
+    pub no_icrc: bool,
     /// UDP transport: no UDP GSO (one datagram per message of a send call).
     #[arg(long)]
     pub no_gso: bool,
@@ -173,6 +180,9 @@ fn config(test: Test, a: &PerfArgs) -> Result<PerfConfig, String> {
     c.mtu = a.mtu;
     c.paths = a.paths;
     c.window = a.window;
+    if a.no_icrc {
+        c.icrc = host_ibverbs::udp::IcrcMode::Off;
+    }
     c.data_port = a.data_port;
     c.busy_poll = a.busy_poll;
     c.use_event = a.use_event;

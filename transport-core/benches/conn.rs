@@ -23,7 +23,7 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 use transport_core::conn::{
-    compute_icrc, Access, CompletionKind, Config, Connection, Event, RecvRequest, Region,
+    compute_icrc, Access, CompletionKind, Config, Connection, Event, IcrcMode, RecvRequest, Region,
     RemoteAddr, WorkRequest, WrOp,
 };
 use transport_core::wire::{BthRepr, Extensions, Psn, Qpn};
@@ -39,7 +39,11 @@ fn config(local: u8, remote: u8, verify_icrc: bool) -> Config {
         Qpn::new(remote.into()),
     );
     c.window_per_path = 255;
-    c.verify_icrc = verify_icrc;
+    c.icrc = if verify_icrc {
+        IcrcMode::Full
+    } else {
+        IcrcMode::SendOnly
+    };
     c
 }
 

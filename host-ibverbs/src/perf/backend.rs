@@ -608,6 +608,7 @@ fn open_udp(
         paths: cfg.paths,
         mtu,
         window_per_path: cfg.window,
+        icrc: cfg.icrc,
         ..udp::QpAttr::default()
     };
     let qps = (0..cfg.qps)

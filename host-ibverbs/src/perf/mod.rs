@@ -101,6 +101,9 @@ pub struct PerfConfig {
     pub mtu: Option<u32>,
     /// Packets in flight per path.
     pub window: u32,
+    /// UDP transport: the ICRC of the data path, for both ends (the client's choice is the
+    /// server's): computed and checked (the default), or neither (`--no-icrc`).
+    pub icrc: udp::IcrcMode,
     /// Work requests in flight per connection (bandwidth tests).
     pub tx_depth: u32,
     /// All sizes from 2 bytes to 8 MiB.
@@ -165,6 +168,7 @@ impl PerfConfig {
             paths: 8,
             mtu: None,
             window: udp::DEFAULT_WINDOW,
+            icrc: udp::IcrcMode::Full,
             tx_depth: 128,
             all_sizes: false,
             busy_poll: false,
@@ -477,6 +481,14 @@ pub(crate) fn decode_bufs(s: &str) -> Result<Vec<RemoteBuf>, OobError> {
         .collect()
 }
 
+/// The name of an ICRC mode in the connection exchange (`icrc=full|off`).
+fn icrc_name(m: udp::IcrcMode) -> &'static str {
+    match m {
+        udp::IcrcMode::Off => "off",
+        _ => "full",
+    }
+}
+
 /// Bytes a packet adds to its payload: IP, UDP, BTH, the largest MetaRoCE data headers, pad
 /// and ICRC.
 fn packet_overhead(ip: IpAddr) -> u32 {
@@ -535,6 +547,16 @@ fn validate(cfg: &PerfConfig) -> Result<(), PerfError> {
     }
     if cfg.tx_depth == 0 {
         return Err(PerfError::Invalid("-t must be at least 1".into()));
+    }
+    if cfg.icrc != udp::IcrcMode::Full && cfg.transport != Transport::Udp {
+        return Err(PerfError::Invalid(
+            "--no-icrc applies to the UDP transport (a RoCE NIC always sends and checks it)".into(),
+        ));
+    }
+    if cfg.icrc == udp::IcrcMode::SendOnly {
+        return Err(PerfError::Invalid(
+            "the tools' ICRC is full or off (send-only is for a runner whose NIC checks it)".into(),
+        ));
     }
     if cfg.window == 0 || cfg.window > 255 {
         return Err(PerfError::Invalid(
@@ -649,6 +671,7 @@ fn run_client_one(
         .with("qps", cfg.qps)
         .with("paths", cfg.paths)
         .with("window", cfg.window)
+        .with("icrc", icrc_name(cfg.icrc))
         .with("busy", u8::from(cfg.busy_poll))
         .with("workers", workers)
         .with("session", session);
@@ -870,6 +893,16 @@ fn session_config(cfg: &PerfConfig, hello: &Message) -> Result<SessionConfig, Pe
     mine.qps = hello.get("qps")?;
     mine.paths = hello.get("paths")?;
     mine.window = hello.get("window")?;
+    // A client from before the field existed sends and checks the ICRC.
+    mine.icrc = match hello.text("icrc").unwrap_or("full") {
+        "full" => udp::IcrcMode::Full,
+        "off" => udp::IcrcMode::Off,
+        other => {
+            return Err(PerfError::Mismatch(format!(
+                "unknown ICRC mode {other:?} (full or off)"
+            )))
+        }
+    };
     mine.duration = match hello.text("duration_ms") {
         Ok(_) => Some(Duration::from_millis(hello.get("duration_ms")?)),
         Err(_) => None,

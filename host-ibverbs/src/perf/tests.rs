@@ -8,7 +8,9 @@ fn run_pair(mut cfg: PerfConfig) -> (Vec<Report>, Served) {
     cfg.data_port = 0;
     cfg.progress = false;
     cfg.publish_stats = false;
-    let scfg = cfg.clone();
+    let mut scfg = cfg.clone();
+    // A capture is the client's (both ends writing one file would interleave them).
+    scfg.pcap = None;
     let server = std::thread::Builder::new()
         .stack_size(64 << 20)
         .spawn(move || serve_one(&scfg, &listener))
@@ -302,4 +304,55 @@ proptest::proptest! {
             proptest::prop_assert_eq!((b.va, b.rkey, b.len), (*va, *rkey, *len));
         }
     }
+}
+
+/// `--no-icrc`: the client's choice reaches the server, both ends send 0 in the ICRC field
+/// (the client's capture holds both directions), and every byte is still verified. With the
+/// default the same capture holds real ICRCs.
+#[test]
+fn without_the_icrc_both_ends_send_zero_and_verify_every_byte() {
+    let dir = std::env::temp_dir().join(format!("metaroce-icrc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (test, off) in [
+        (Test::WriteBw, true),
+        (Test::ReadBw, true),
+        (Test::WriteBw, false),
+    ] {
+        let mut cfg = PerfConfig::new(test);
+        cfg.size = 20_000;
+        cfg.iters = 50;
+        if off {
+            cfg.icrc = udp::IcrcMode::Off;
+        }
+        let pcap = dir.join(format!("{}-{off}.pcap", test.name()));
+        cfg.pcap = Some(pcap.clone());
+        let (reports, served) = run_pair(cfg);
+        let Report::Bw(r) = &reports[0] else { panic!() };
+        assert!(r.verified && served.verified, "{test:?} {off}");
+        let (frames, err) = crate::capture::read(&std::fs::read(&pcap).unwrap());
+        assert!(err.is_none(), "{err:?}");
+        assert!(frames.len() > 200, "{}", frames.len());
+        let zero = frames
+            .iter()
+            .filter(|f| f.data[f.data.len() - 4..] == [0; 4])
+            .count();
+        if off {
+            assert_eq!(zero, frames.len(), "{test:?}: every datagram, both ends");
+        } else {
+            assert!(zero <= 1, "{zero} of {} frames with ICRC 0", frames.len());
+        }
+        let stats = &served.stats["qps"][0]["counters"];
+        assert_eq!(stats["rx_drop_bad_icrc"], 0, "{stats}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn without_the_icrc_is_refused_over_verbs() {
+    let mut cfg = PerfConfig::new(Test::WriteBw);
+    cfg.transport = Transport::Verbs;
+    cfg.icrc = udp::IcrcMode::Off;
+    cfg.server = Some("127.0.0.1".into());
+    let err = run_client(&cfg, |_| {}).unwrap_err().to_string();
+    assert!(err.contains("--no-icrc applies to the UDP transport"), "{err}");
 }

@@ -24,7 +24,7 @@ pub mod stats;
 
 pub use engine::{MAX_INFLIGHT, MAX_PATHS, QUEUE, REGIONS, STREAMS};
 pub use error::{Error, ErrorKind};
-pub use transport_core::conn::{Access, CompletionKind, RemoteAddr, Status, WrOp};
+pub use transport_core::conn::{Access, CompletionKind, IcrcMode, RemoteAddr, Status, WrOp};
 
 use crate::capture::PcapWriter;
 use engine::{CqShared, Engine, MemEntry, Pending, QpState};
@@ -121,6 +121,10 @@ pub struct QpAttr {
     pub probe_interval: u64,
     /// Longest delay of an ACK, ns.
     pub ack_delay: u64,
+    /// The ICRC of the datagrams: computed and checked (the default), or, where both ends
+    /// agree, neither (`IcrcMode::Off`: the UDP checksum and the links' frame checks guard the
+    /// datagram, as they do TCP's segments; docs/PROTOCOL.md 4.1).
+    pub icrc: IcrcMode,
 }
 
 impl Default for QpAttr {
@@ -141,6 +145,7 @@ impl Default for QpAttr {
             rto_high: 4_000_000,
             probe_interval: 1_000_000,
             ack_delay: 20_000,
+            icrc: IcrcMode::Full,
         }
     }
 }
@@ -731,6 +736,7 @@ impl QueuePair {
         cfg.probe_interval = a.probe_interval;
         cfg.ack_delay = a.ack_delay;
         cfg.timeouts_to_probe = 3;
+        cfg.icrc = a.icrc;
         cfg.icrc_engine = crc_engine::engine();
         let qpn = self.inner.qpn;
         let pd = self.inner.pd.id;

@@ -64,12 +64,44 @@ pub struct Config {
     pub rnr_delay: u64,
     /// Wait for the requester's confirmation of a refusal before sending its NACK again.
     pub refusal_resend: u64,
-    /// Check the ICRC of arriving datagrams (turn off only where the NIC already did).
-    pub verify_icrc: bool,
+    /// What the ICRC of each datagram is: computed and checked (RoCEv2, the default), computed
+    /// but not checked (a NIC already checked it), or absent by agreement of two software ends
+    /// (docs/PROTOCOL.md 4.1).
+    pub icrc: IcrcMode,
     /// The CRC-32 engine of the ICRCs (this build's by default; a runner may hand in one for
     /// its machine, such as PCLMULQDQ block folding on x86_64).
     #[cfg_attr(feature = "defmt", defmt(Debug2Format))]
     pub icrc_engine: icrc::Engine,
+}
+
+/// What the ICRC field of a connection's datagrams holds, and whether arrivals are checked
+/// (docs/PROTOCOL.md 4.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum IcrcMode {
+    /// Every datagram carries its ICRC and every arrival's is checked: RoCEv2, the default.
+    #[default]
+    Full,
+    /// Datagrams carry their ICRC; arrivals are not checked, because the runner's NIC already
+    /// checked them and drops those that fail.
+    SendOnly,
+    /// Datagrams carry 0 in the ICRC field and arrivals are not checked. Both ends must agree:
+    /// an end that checks drops every datagram of an end that does not send. Only for two
+    /// software ends over a socket layer that already guards each datagram end to end (the UDP
+    /// checksum, the links' frame check), as TCP relies on; a RoCE NIC drops such datagrams.
+    Off,
+}
+
+impl IcrcMode {
+    /// Whether datagrams leave with their ICRC computed.
+    pub const fn sends(self) -> bool {
+        !matches!(self, IcrcMode::Off)
+    }
+
+    /// Whether the ICRC of arrivals is checked.
+    pub const fn checks(self) -> bool {
+        matches!(self, IcrcMode::Full)
+    }
 }
 
 impl Config {
@@ -102,7 +134,7 @@ impl Config {
             ack_delay: 5_000,
             rnr_delay: 50_000,
             refusal_resend: 50_000,
-            verify_icrc: true,
+            icrc: IcrcMode::Full,
             icrc_engine: icrc::Engine::BuiltIn,
         }
     }

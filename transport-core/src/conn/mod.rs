@@ -56,7 +56,7 @@ pub use sack::{Arrival, SackBitmap};
 pub use seq::{psn_before, psn_diff, PathSeq};
 pub use types::*;
 
-pub use config::{entropy_port, path_origin, Config};
+pub use config::{entropy_port, path_origin, Config, IcrcMode};
 pub use crc::compute_icrc;
 pub use runner::{Applied, FlatMemory, Memory};
 

@@ -27,9 +27,15 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     ) -> Result<Delivery, DropReason> {
         self.abandon_atomic();
         self.settle_carried();
-        let Some(view) = self.check_datagram(src_port, datagram) else {
-            self.counters.drop_malformed += 1;
-            return Err(DropReason::Malformed);
+        let view = match self.check_datagram(src_port, datagram) {
+            Ok(v) => v,
+            Err(reason) => {
+                match reason {
+                    DropReason::BadIcrc => self.counters.drop_bad_icrc += 1,
+                    _ => self.counters.drop_malformed += 1,
+                }
+                return Err(reason);
+            }
         };
         let bth = view.bth;
         if bth.dest_qp != self.cfg.local_qpn {
@@ -86,22 +92,30 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     }
 
     #[inline(always)]
-    pub(super) fn check_datagram(&mut self, src_port: u16, d: &[u8]) -> Option<Checked> {
+    pub(super) fn check_datagram(
+        &mut self,
+        src_port: u16,
+        d: &[u8],
+    ) -> Result<Checked, DropReason> {
+        let malformed = DropReason::Malformed;
         if d.len() < BthRepr::LEN + 4 {
-            return None;
+            return Err(malformed);
         }
-        let (bth, rest) = BthRepr::parse(d).ok()?;
-        let (ext, body) = Extensions::parse(Opcode::layout_of(d[0]), rest).ok()?;
+        let (bth, rest) = BthRepr::parse(d).map_err(|_| malformed)?;
+        let (ext, body) =
+            Extensions::parse(Opcode::layout_of(d[0]), rest).map_err(|_| malformed)?;
         let (piggy, body) = match ext.mr_data() {
             Some(data) if data.ack => {
-                let (p, body) = PiggyAck::parse(body).ok()?;
+                let (p, body) = PiggyAck::parse(body).map_err(|_| malformed)?;
                 (Some(p), body)
             }
             _ => (None, body),
         };
-        let payload_and_pad = body.len().checked_sub(4)?;
-        let payload_len = payload_and_pad.checked_sub(usize::from(bth.pad_count))?;
-        if self.cfg.verify_icrc {
+        let payload_and_pad = body.len().checked_sub(4).ok_or(malformed)?;
+        let payload_len = payload_and_pad
+            .checked_sub(usize::from(bth.pad_count))
+            .ok_or(malformed)?;
+        if self.cfg.icrc.checks() {
             let icrc_at = d.len() - 4;
             let stored =
                 u32::from_le_bytes([d[icrc_at], d[icrc_at + 1], d[icrc_at + 2], d[icrc_at + 3]]);
@@ -112,10 +126,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 self.cfg.icrc_engine,
             );
             if stored != computed {
-                return None;
+                return Err(DropReason::BadIcrc);
             }
         }
-        Some(Checked {
+        Ok(Checked {
             bth,
             ext,
             piggy,

@@ -511,6 +511,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let pad_at = tx.header_len + tx.payload_len;
         let icrc_at = tx.len - 4;
         datagram[pad_at..icrc_at].fill(0);
+        if !self.cfg.icrc.sends() {
+            datagram[icrc_at..].fill(0);
+            return;
+        }
         let value = self.icrc_tx.icrc(
             (self.cfg.local_ip, self.cfg.remote_ip),
             (tx.src_port, self.cfg.dst_port),

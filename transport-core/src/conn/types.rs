@@ -202,8 +202,11 @@ pub enum Delivery {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum DropReason {
-    /// It did not parse (truncated, bad ICRC, unknown version, ...).
+    /// It did not parse (truncated, unknown layout, lengths that do not add up).
     Malformed,
+    /// Its ICRC does not match its bytes (or it carries none and this end checks:
+    /// [`IcrcMode`](super::IcrcMode) differs between the ends).
+    BadIcrc,
     /// Its destination QP is not this connection.
     WrongQp,
     /// Its P_Key is not this connection's.
@@ -287,6 +290,8 @@ pub struct Counters {
     pub duplicates: u64,
     /// Drops by reason: malformed.
     pub drop_malformed: u64,
+    /// Drops by reason: bad ICRC.
+    pub drop_bad_icrc: u64,
     /// Drops by reason: wrong QPN.
     pub drop_wrong_qp: u64,
     /// Drops by reason: wrong P_Key.
@@ -374,7 +379,8 @@ impl core::error::Error for PostError {}
 impl core::fmt::Display for DropReason {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.write_str(match self {
-            DropReason::Malformed => "malformed (truncated, bad ICRC or unknown layout)",
+            DropReason::Malformed => "malformed (truncated or unknown layout)",
+            DropReason::BadIcrc => "bad ICRC (corrupted, or the ends disagree on the ICRC mode)",
             DropReason::WrongQp => "for another queue pair",
             DropReason::WrongPkey => "another partition key",
             DropReason::OutOfWindow => "PSN outside the receive window",

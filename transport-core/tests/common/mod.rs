@@ -82,14 +82,19 @@ impl Pair {
     }
 
     pub fn new() -> Self {
-        let side = |l, r| Side {
-            conn: Box::new(Conn::new(config(l, r))),
+        Pair::with_configs(config(1, 2), config(2, 1))
+    }
+
+    /// A pair whose sides A (address 1) and B (address 2) run these configurations.
+    pub fn with_configs(a: Config, b: Config) -> Self {
+        let side = |cfg: Config, l: u8| Side {
+            conn: Box::new(Conn::new(cfg)),
             mem: (0..MEM).map(|i| (i * 7 + l as usize) as u8).collect(),
             events: Vec::new(),
         };
         Pair {
-            a: side(1, 2),
-            b: side(2, 1),
+            a: side(a, 1),
+            b: side(b, 2),
             now: 0,
             wire: Vec::new(),
             ce_ports: Vec::new(),

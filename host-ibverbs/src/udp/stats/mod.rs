@@ -105,6 +105,7 @@ pub fn connection_named(c: &Counters) -> Vec<(&'static str, u64)> {
         ("rx_bytes_placed", c.bytes_placed),
         ("rx_duplicates", c.duplicates),
         ("rx_drop_malformed", c.drop_malformed),
+        ("rx_drop_bad_icrc", c.drop_bad_icrc),
         ("rx_drop_wrong_qp", c.drop_wrong_qp),
         ("rx_drop_wrong_pkey", c.drop_wrong_pkey),
         ("rx_drop_out_of_window", c.drop_out_of_window),
