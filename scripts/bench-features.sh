@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-5}
 SECS=${2:-2}
-cargo build -q --release -p host-ibverbs --bin metaroce
+cargo build -q --release -p metaroce-cli --bin metaroce
 M=target/release/metaroce
 names=(defaults no-gso no-gro no-batch no-gso-gro all-off)
 flags=("" "--no-gso" "--no-gro" "--no-batch" "--no-gso --no-gro" "--no-gso --no-gro --no-batch")

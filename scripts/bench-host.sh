@@ -23,7 +23,7 @@ shift $(( $# < 4 ? $# : 4 ))
 [ "${1:-}" = "--" ] && shift
 EXTRA=("$@")
 command -v iperf3 >/dev/null || { echo "iperf3 is needed (apt-get install iperf3)"; exit 2; }
-cargo build -q --release -p host-ibverbs --bin metaroce --example udp_pingpong --example udp_ceiling
+cargo build -q --release -p metaroce-cli --bin metaroce && cargo build -q --release -p host-ibverbs --example udp_pingpong --example udp_ceiling
 T=${CARGO_TARGET_DIR:-target}
 M=$T/release/metaroce
 P=$T/release/examples/udp_pingpong

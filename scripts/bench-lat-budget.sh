@@ -18,7 +18,7 @@ SIZE=${3:-2}
 shift $(($# < 3 ? $# : 3))
 WORK=("$@")
 [ ${#WORK[@]} -gt 0 ] || WORK=(200 400 700)
-cargo build -q --release -p host-ibverbs --bin metaroce --example udp_pingpong
+cargo build -q --release -p metaroce-cli --bin metaroce && cargo build -q --release -p host-ibverbs --example udp_pingpong
 M=target/release/metaroce
 P=target/release/examples/udp_pingpong
 # The client's JSON line is kept and read after both ends are gone: a reader started beside the

@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 ROUNDS=${1:-24}
 ITERS=${2:-50000}
 SIZE=${3:-2}
-cargo build -q --release -p host-ibverbs --bin metaroce --example udp_pingpong
+cargo build -q --release -p metaroce-cli --bin metaroce && cargo build -q --release -p host-ibverbs --example udp_pingpong
 M=target/release/metaroce
 P=target/release/examples/udp_pingpong
 if [ -n "${KEEP:-}" ]; then # KEEP=DIR keeps every round's samples there

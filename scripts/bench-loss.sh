@@ -20,7 +20,7 @@ shares=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do shares+=("$1"); shift; done
 [ ${#shares[@]} -eq 0 ] && shares=(10 50 100)
 [ "${1:-}" = "--" ] && shift
-cargo build -q --release -p host-ibverbs --bin metaroce
+cargo build -q --release -p metaroce-cli --bin metaroce
 T=${CARGO_TARGET_DIR:-$(pwd)/target}
 M=$T/release/metaroce
 # Datagram size of a full data packet at MTU 1500: payload 1024 + BTH 12 + data header 24 +

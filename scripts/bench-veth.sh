@@ -16,7 +16,7 @@ LOAD=${4:-0}
 shift $(( $# < 4 ? $# : 4 ))
 [ "${1:-}" = "--" ] && shift
 command -v iperf3 >/dev/null || { echo "iperf3 is needed (apt-get install iperf3)"; exit 2; }
-cargo build -q --release -p host-ibverbs --bin metaroce --example udp_ceiling
+cargo build -q --release -p metaroce-cli --bin metaroce && cargo build -q --release -p host-ibverbs --example udp_ceiling
 T=${CARGO_TARGET_DIR:-$(pwd)/target}
 M=$T/release/metaroce
 C=$T/release/examples/udp_ceiling

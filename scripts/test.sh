@@ -59,7 +59,7 @@ export METAROCE_PYTHON="$root/.venv/bin/python"
 step "rustfmt and clippy"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
-cargo clippy -p host-ibverbs --features verbs --all-targets -- -D warnings
+cargo clippy -p host-ibverbs -p metaroce-cli --features verbs --all-targets -- -D warnings
 (cd fuzz && cargo fmt -- --check && cargo clippy --all-targets -- -D warnings)
 
 step "workspace tests: interop with scapy and tshark, namespaces, the verbs backend (no device here)"
@@ -113,8 +113,8 @@ step "the README's main command: a loopback bandwidth and latency run over the U
 cargo run -q --release --bin metaroce -- loopback
 
 step "gen piped into decode, every ICRC checked"
-cargo run -q --release -p host-ibverbs --bin metaroce -- gen --count 1000 --seed 1 \
-  | cargo run -q --release -p host-ibverbs --bin metaroce -- decode --json \
+cargo run -q --release -p metaroce-cli --bin metaroce -- gen --count 1000 --seed 1 \
+  | cargo run -q --release -p metaroce-cli --bin metaroce -- decode --json \
   | .venv/bin/python -c 'import json,sys; f=[json.loads(l) for l in sys.stdin]; bad=[x for x in f if "error" in x or not x["icrc"]["ok"]]; print(len(f), "frames decoded,", len(bad), "bad"); sys.exit(1 if bad or len(f) != 1000 else 0)'
 
 step "all tests passed"

@@ -9,13 +9,9 @@
 //!   pcap/pcapng files; [`selftest`]: two connections over a virtual lossy link.
 #![deny(unsafe_op_in_unsafe_fn)]
 
-pub mod capture;
-pub mod decode;
 pub mod devices;
-pub mod gen;
 pub mod oob;
 pub mod perf;
-pub mod selftest;
 pub mod udp;
 
 #[cfg(feature = "verbs")]

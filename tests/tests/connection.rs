@@ -1,8 +1,8 @@
 //! The connection proven end to end: two endpoints over a seeded virtual link in virtual time
-//! (`host_ibverbs::selftest`, the harness behind `metaroce selftest`), real bytes moved and
+//! (`netsim`, the simulator behind `metaroce selftest`), real bytes moved and
 //! compared.
 
-use host_ibverbs::selftest::{run, Burst, Ops, SelftestConfig, SelftestReport};
+use netsim::{run, Burst, Ops, SelftestConfig, SelftestReport};
 
 fn check(r: &SelftestReport, what: &str) {
     assert!(r.finished, "{what}: did not finish: {r:?}");

@@ -5,9 +5,9 @@
 //!
 //! These tests need scapy (in `.venv`) and tshark; `scripts/test.sh` installs both and runs them.
 
-use host_ibverbs::capture::PcapWriter;
-use host_ibverbs::decode::{to_json, DecodeOptions};
-use host_ibverbs::gen::{frame, Kind, Rng};
+use metaroce_frames::capture::PcapWriter;
+use metaroce_frames::decode::{to_json, DecodeOptions};
+use metaroce_frames::gen::{frame, Kind, Rng};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::Path;
@@ -243,7 +243,7 @@ fn project_decodes_scapy_frames_with_equal_fields() {
             jsonl.to_str().unwrap(),
         ],
     );
-    let (packets, err) = host_ibverbs::capture::read(&std::fs::read(&pcap).unwrap());
+    let (packets, err) = metaroce_frames::capture::read(&std::fs::read(&pcap).unwrap());
     assert!(err.is_none(), "{err:?}");
     let expected: Vec<Value> = std::fs::read_to_string(&jsonl)
         .unwrap()

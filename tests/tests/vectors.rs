@@ -1,7 +1,7 @@
 //! The real ConnectX frames of `tests/data/rocev2-connectx.{hex,pcap}` parse with the right fields
 //! and a correct ICRC. Expected values are read off the hex by hand, per IBTA Annex A17.
 
-use host_ibverbs::capture;
+use metaroce_frames::capture;
 use std::net::Ipv4Addr;
 use tests::{data, hex_frames};
 use transport_core::wire::{

@@ -210,7 +210,7 @@ fn forged_qpn_pkey_window_and_corruption_are_dropped_and_counted() {
     assert_eq!(p.deliver(true, port, &bytes), Err(DropReason::OutOfWindow));
     let (port, mut bytes) = forged(2, 0xffff, 0, BASE, KEY);
     bytes[20] ^= 1;
-    assert_eq!(p.deliver(true, port, &bytes), Err(DropReason::Malformed));
+    assert_eq!(p.deliver(true, port, &bytes), Err(DropReason::BadIcrc));
     assert_eq!(
         p.deliver(true, port, &bytes[..10]),
         Err(DropReason::Malformed)
@@ -222,9 +222,10 @@ fn forged_qpn_pkey_window_and_corruption_are_dropped_and_counted() {
             c.drop_wrong_qp,
             c.drop_wrong_pkey,
             c.drop_out_of_window,
+            c.drop_bad_icrc,
             c.drop_malformed
         ),
-        (1, 1, 1, 2)
+        (1, 1, 1, 1, 1)
     );
     // A well-formed packet from the right peer is placed, once.
     let (port, bytes) = forged(2, 0xffff, 0, BASE + 8, KEY);
@@ -276,7 +277,8 @@ fn a_flood_from_an_unknown_peer_leaves_the_real_peer_served_and_memory_bounded()
     );
     let c = q.b.conn.counters();
     assert!(
-        c.drop_wrong_qp + c.drop_wrong_pkey >= 100_000 && c.drop_malformed >= 90_000,
+        c.drop_wrong_qp + c.drop_wrong_pkey >= 100_000
+            && c.drop_malformed + c.drop_bad_icrc >= 90_000,
         "{c:?}"
     );
 }

@@ -329,7 +329,7 @@ fn without_the_icrc_both_ends_send_zero_and_verify_every_byte() {
         let (reports, served) = run_pair(cfg);
         let Report::Bw(r) = &reports[0] else { panic!() };
         assert!(r.verified && served.verified, "{test:?} {off}");
-        let (frames, err) = crate::capture::read(&std::fs::read(&pcap).unwrap());
+        let (frames, err) = metaroce_frames::capture::read(&std::fs::read(&pcap).unwrap());
         assert!(err.is_none(), "{err:?}");
         assert!(frames.len() > 200, "{}", frames.len());
         let zero = frames
@@ -354,5 +354,8 @@ fn without_the_icrc_is_refused_over_verbs() {
     cfg.icrc = udp::IcrcMode::Off;
     cfg.server = Some("127.0.0.1".into());
     let err = run_client(&cfg, |_| {}).unwrap_err().to_string();
-    assert!(err.contains("--no-icrc applies to the UDP transport"), "{err}");
+    assert!(
+        err.contains("--no-icrc applies to the UDP transport"),
+        "{err}"
+    );
 }

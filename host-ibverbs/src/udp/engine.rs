@@ -11,7 +11,7 @@ use super::socket::{
 };
 use super::stats::{EngineCounters, QpSnapshot};
 use super::WorkCompletion;
-use crate::capture::PcapWriter;
+use metaroce_frames::capture::PcapWriter;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;

@@ -26,8 +26,8 @@ pub use engine::{MAX_INFLIGHT, MAX_PATHS, QUEUE, REGIONS, STREAMS};
 pub use error::{Error, ErrorKind};
 pub use transport_core::conn::{Access, CompletionKind, IcrcMode, RemoteAddr, Status, WrOp};
 
-use crate::capture::PcapWriter;
 use engine::{CqShared, Engine, MemEntry, Pending, QpState};
+use metaroce_frames::capture::PcapWriter;
 use socket::{SocketOptions, UdpSocket};
 use std::alloc::Layout;
 use std::cell::{Cell, RefCell};

@@ -197,6 +197,7 @@ fn sixty_four_mib_across_two_namespaces() {
         assert_eq!(p.server_json()["verified"], true);
         // The veth MTU is 1500: packets carry 1024 bytes and are never fragmented.
         assert_eq!(server_counter(&p, "rx_drop_malformed"), 0);
+        assert_eq!(server_counter(&p, "rx_drop_bad_icrc"), 0);
     }
 }
 

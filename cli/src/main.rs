@@ -1,10 +1,10 @@
 //! `metaroce`: the command-line tools of the MetaRoCE transport.
 
 use clap::{Parser, Subcommand, ValueEnum};
-use host_ibverbs::capture::{self, PcapWriter, LINKTYPE_ETHERNET};
-use host_ibverbs::decode::{self, DecodeOptions};
-use host_ibverbs::gen::{self, Kind, Rng};
-use host_ibverbs::selftest;
+use metaroce_frames::capture::{self, PcapWriter, LINKTYPE_ETHERNET};
+use metaroce_frames::decode::{self, DecodeOptions};
+use metaroce_frames::gen::{self, Kind, Rng};
+use netsim as selftest;
 use serde_json::json;
 use std::io::{self, BufRead, BufWriter, Write};
 use std::path::PathBuf;
