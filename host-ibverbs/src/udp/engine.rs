@@ -20,7 +20,7 @@ use std::io::BufWriter;
 use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 use std::time::Duration;
-use transport_core::conn::{atomic_new_value, Connection, Delivery, Event, Region};
+use transport_core::conn::{Applied, Connection, Event, Memory, Region};
 use transport_core::wire::{Ecn, EtherType, EthernetRepr, Ipv4Repr, Ipv6Repr, MacAddr, UdpRepr};
 
 /// Paths per connection at most.
@@ -144,6 +144,43 @@ impl Mems {
             }
             _ => false,
         }
+    }
+}
+
+/// The engine's side of the core's runner contract: a connection reads payloads from and places
+/// deliveries into live regions only, each access checked against the region table first.
+impl Memory for Mems {
+    #[inline]
+    fn read(&self, addr: u64, len: usize) -> Option<&[u8]> {
+        if len == 0 {
+            return Some(&[]);
+        }
+        if !self.contains(addr, len) {
+            return None;
+        }
+        // SAFETY: `addr..addr+len` lies inside a live region (checked just above), readable for
+        // `len` bytes; a region's memory stays allocated while its entry is in the table, which
+        // the shared borrow of `self` keeps unchanged for the slice's life; no mutable Rust
+        // reference to region memory exists (the region API copies in and out).
+        Some(unsafe { std::slice::from_raw_parts(addr as *const u8, len) })
+    }
+
+    #[inline]
+    fn write(&mut self, addr: u64, bytes: &[u8]) -> bool {
+        if bytes.is_empty() {
+            return true;
+        }
+        if !self.contains(addr, bytes.len()) {
+            return false;
+        }
+        // SAFETY: the destination lies inside a live region (checked just above); a region's
+        // memory stays allocated while its entry is in the table; no Rust reference to region
+        // memory exists outside the engine's own copies, and `bytes` is a received datagram in
+        // the engine's buffers, which cannot overlap region memory.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, bytes.len());
+        }
+        true
     }
 }
 
@@ -677,49 +714,9 @@ impl Engine {
             self.counters.rx_drop_wrong_peer += 1;
             return;
         }
-        match conn.handle_datagram(now, src.port(), ce, d) {
-            Ok(Delivery::Nothing) | Err(_) => {}
-            Ok(Delivery::Place { addr, offset, len }) => {
-                let Some(src_bytes) = d.get(offset..offset.saturating_add(len)) else {
-                    self.counters.rx_drop_bad_place += 1;
-                    return;
-                };
-                if !self.mems.contains(addr, len) {
-                    self.counters.rx_drop_bad_place += 1;
-                    return;
-                }
-                // SAFETY: `addr..addr+len` lies inside a live memory region (checked just
-                // above); a region's memory stays allocated while its entry is in `mems`, and no
-                // Rust reference to region memory exists outside the engine's own copies (the
-                // region API copies in and out), so nothing aliases this write.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(src_bytes.as_ptr(), addr as *mut u8, len);
-                }
-            }
-            Ok(Delivery::Atomic {
-                addr,
-                compare,
-                swap_add,
-            }) => {
-                if !self.mems.contains(addr, 8) {
-                    self.counters.rx_drop_bad_place += 1;
-                    return;
-                }
-                let p = addr as *mut u64;
-                // SAFETY: the 8 bytes lie inside a live region (checked above); the core only
-                // asks for 8-byte aligned targets; no other reference aliases region memory.
-                let orig = unsafe { p.read_unaligned() };
-                // SAFETY: as above.
-                unsafe { p.write_unaligned(atomic_new_value(orig, compare, swap_add)) };
-                conn.atomic_result(orig);
-            }
-            Ok(Delivery::Value { addr, value }) => {
-                if !self.mems.contains(addr, 8) {
-                    self.counters.rx_drop_bad_place += 1;
-                    return;
-                }
-                // SAFETY: the 8 bytes lie inside a live region (checked above).
-                unsafe { (addr as *mut u64).write_unaligned(value) };
+        if let Ok(delivery) = conn.handle_datagram(now, src.port(), ce, d) {
+            if conn.apply(&mut self.mems, d, delivery) == Applied::OutOfMemory {
+                self.counters.rx_drop_bad_place += 1;
             }
         }
     }
@@ -799,16 +796,11 @@ impl Engine {
             let start = buf.len();
             buf.reserve(tx.len);
             buf.extend_from_slice(&scratch[..tx.header_len]);
-            if tx.payload_len > 0 {
-                if self.mems.contains(tx.payload_addr, tx.payload_len) {
-                    // SAFETY: the source lies inside a live region (checked), readable for
-                    // `payload_len` bytes; the stage buffer is the engine's own and cannot
-                    // overlap region memory.
-                    let payload = unsafe {
-                        std::slice::from_raw_parts(tx.payload_addr as *const u8, tx.payload_len)
-                    };
-                    buf.extend_from_slice(payload);
-                } else {
+            // (`Connection::fill_and_seal` wants the datagram's room laid out first, which here
+            // would zero the payload's bytes before copying them: the copy appends instead.)
+            match self.mems.read(tx.payload_addr, tx.payload_len) {
+                Some(payload) => buf.extend_from_slice(payload),
+                None => {
                     // Cannot happen for buffers checked at post time; send zeros, count it.
                     buf.resize(start + tx.header_len + tx.payload_len, 0);
                     self.counters.tx_bad_local += 1;

@@ -89,6 +89,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// Copies the payload `tx` names from `mem` after the headers in `buf`, then seals the
     /// datagram. A payload not in `mem` goes as zeros (the connection checked it at post time,
     /// so this is the runner's fault); returns whether the payload was found.
+    #[inline]
     pub fn fill_and_seal(&mut self, tx: &Transmit, buf: &mut [u8], mem: &impl Memory) -> bool {
         let mut found = true;
         if tx.payload_len > 0 {
@@ -109,6 +110,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 
     /// Does what `delivery` (the answer of [`Connection::handle_datagram`] for `datagram`) asks
     /// of the runner, in `mem`; an atomic's original value goes back to the connection at once.
+    #[inline]
     pub fn apply(&mut self, mem: &mut impl Memory, datagram: &[u8], delivery: Delivery) -> Applied {
         match delivery {
             Delivery::Nothing => Applied::Nothing,
