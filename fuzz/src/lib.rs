@@ -83,22 +83,15 @@ pub fn mr_data(data: &[u8]) {
     }
 }
 
-type Conn = transport_core::conn::Connection<4, 256, 2, 16, 4>;
-
-const BASE: u64 = 0x1_0000;
-const GRANT: u64 = 0x4000;
+/// The connection pair the core's tests drive, at their sizes.
+type Pair = netsim::pair::Pair<4, 256, 2, 16, 4>;
+/// Memory per side: B grants its second quarter.
 const MEM: usize = 0x1_0000;
+const BASE: u64 = netsim::pair::BASE;
+const GRANT: u64 = 0x4000;
 
 fn pair_config(local: u8, remote: u8) -> transport_core::conn::Config {
-    use core::net::{IpAddr, Ipv4Addr};
-    let ip = |x| IpAddr::V4(Ipv4Addr::new(10, 0, 0, x));
-    let mut c = transport_core::conn::Config::new(
-        ip(local),
-        ip(remote),
-        transport_core::wire::Qpn::new(u32::from(local)),
-        transport_core::wire::Qpn::new(u32::from(remote)),
-    );
-    c.paths = 4;
+    let mut c = netsim::pair::config(local, remote);
     c.mtu = 512;
     c
 }
@@ -110,21 +103,21 @@ fn pair_config(local: u8, remote: u8) -> transport_core::conn::Config {
 /// source port the datagram claims, bit 4 whether to write a correct ICRC over it first (so the
 /// fuzzer reaches the logic behind the ICRC check), bit 5 whether time moves on by 1-64 us.
 /// Properties: no panic; every placement lies inside the region B granted (or, at A, inside its
-/// read destination); no completion is reported twice.
+/// read destination) and is applied to the side's memory; no completion is reported twice.
 pub fn conn_pair(data: &[u8]) {
     use transport_core::conn::{
         compute_icrc, entropy_port, Access, Delivery, Event, Region, RemoteAddr, WorkRequest, WrOp,
     };
-    let mut a = Box::new(Conn::new(pair_config(1, 2)));
-    let mut b = Box::new(Conn::new(pair_config(2, 1)));
+    let mut p = Pair::with_memory(pair_config(1, 2), pair_config(2, 1), MEM);
     let access = Access::REMOTE_WRITE.union(Access::REMOTE_READ);
-    b.register(Region {
-        key: 5,
-        base: BASE + GRANT,
-        len: GRANT,
-        access,
-    })
-    .expect("register");
+    p.b.conn
+        .register(Region {
+            key: 5,
+            base: BASE + GRANT,
+            len: GRANT,
+            access,
+        })
+        .expect("register");
     let remote = RemoteAddr {
         va: BASE + GRANT,
         rkey: 5,
@@ -137,10 +130,8 @@ pub fn conn_pair(data: &[u8]) {
         len: 1500,
         remote,
     };
-    let _ = a.post(0, wr(1, WrOp::Write));
-    let _ = a.post(0, wr(2, WrOp::Read));
-    let mut now = 0u64;
-    let mut buf = vec![0u8; 1024];
+    let _ = p.a.conn.post(0, wr(1, WrOp::Write));
+    let _ = p.a.conn.post(0, wr(2, WrOp::Read));
     let mut seen = std::collections::HashSet::new();
     let mut rest = data;
     while rest.len() >= 3 {
@@ -150,10 +141,10 @@ pub fn conn_pair(data: &[u8]) {
         let (datagram, tail) = rest.split_at(len.min(rest.len()));
         rest = tail;
         if control & 0x20 != 0 {
-            now += 1_000 * u64::from(control & 0x3f);
-            for c in [&mut a, &mut b] {
-                if c.poll_timeout().is_some_and(|t| t <= now) {
-                    c.handle_timeout(now);
+            p.now += 1_000 * u64::from(control & 0x3f);
+            for side in [&mut p.a, &mut p.b] {
+                if side.conn.poll_timeout().is_some_and(|t| t <= p.now) {
+                    side.conn.handle_timeout(p.now);
                 }
             }
         }
@@ -162,27 +153,13 @@ pub fn conn_pair(data: &[u8]) {
         let mut d = datagram.to_vec();
         if control >> 6 == 2 {
             // The real peers exchange what they have, unharmed.
-            for from_a in [true, false] {
-                let (tx_side, rx_side) = if from_a {
-                    (&mut a, &mut b)
-                } else {
-                    (&mut b, &mut a)
-                };
-                let mut n = 0;
-                while let Some(tx) = tx_side.poll_transmit(now, &mut buf) {
-                    buf[tx.header_len..tx.header_len + tx.payload_len].fill(0x5a);
-                    tx_side.seal(&tx, &mut buf);
-                    let r = rx_side.handle_datagram(now, tx.src_port, false, &buf[..tx.len]);
-                    check_place(r, from_a);
-                    n += 1;
-                    if n > 64 {
-                        break;
-                    }
-                }
+            p.transmit();
+            for (to_b, port, bytes) in std::mem::take(&mut p.wire) {
+                check_place(p.deliver(to_b, port, &bytes), to_b);
             }
             continue;
         }
-        let (rx, cfg_local, cfg_remote) = if to_b { (&mut b, 2, 1) } else { (&mut a, 1, 2) };
+        let (cfg_local, cfg_remote) = if to_b { (2, 1) } else { (1, 2) };
         let port = entropy_port(pair_config(cfg_remote, cfg_local).entropy_seed, path, 0);
         if control & 0x10 != 0 && d.len() >= 16 {
             let cfg = pair_config(cfg_remote, cfg_local);
@@ -190,9 +167,9 @@ pub fn conn_pair(data: &[u8]) {
             let icrc = compute_icrc(cfg.local_ip, cfg.remote_ip, port, cfg.dst_port, &d[..at]);
             d[at..].copy_from_slice(&icrc.to_le_bytes());
         }
-        check_place(rx.handle_datagram(now, port, control & 0x08 != 0, &d), to_b);
-        for (is_a, c) in [(true, &mut a), (false, &mut b)] {
-            while let Some(e) = c.poll_event() {
+        check_place(p.deliver_marked(to_b, port, &d, control & 0x08 != 0), to_b);
+        for (is_a, side) in [(true, &mut p.a), (false, &mut p.b)] {
+            while let Some(e) = side.conn.poll_event() {
                 if let Event::Completion(done) = e {
                     assert!(seen.insert((is_a, done.id)), "completion {} twice", done.id);
                 }

@@ -5,6 +5,8 @@
 //! from it.
 //!
 //! - [`config`]: what to run and what it found.
+//! - [`pair`]: two connections on a lossless wire in stepped time, driven by hand (the core's
+//!   tests and the connection's fuzz target).
 //! - `link`: the ECMP link model (routes by UDP source port).
 //! - `endpoint`: the runner of one connection and its memory.
 //! - `workload`: the messages A posts and the completions they give.
@@ -15,6 +17,7 @@
 pub mod config;
 mod endpoint;
 mod link;
+pub mod pair;
 mod verify;
 mod workload;
 
