@@ -275,6 +275,16 @@ struct Stage {
 
 use super::socket::SendRun as Run;
 
+/// Where the last datagram staged went: its path's port, its destination, the port it really
+/// leaves from and its stage.
+#[derive(Debug, Clone, Copy)]
+struct LastPath {
+    path_port: u16,
+    dst: SocketAddr,
+    wire_port: u16,
+    stage: usize,
+}
+
 /// Messages per `sendmmsg` call.
 const TX_BATCH: usize = 64;
 /// A round that starts this much later than the engine asked to run means this host did not
@@ -373,7 +383,7 @@ pub(crate) struct Engine {
     /// The last path port and destination a datagram was staged for, the port it left from and
     /// its stage: a ping-pong (one path while idle) finds both without a lookup. Send sockets
     /// and stages are never removed, so it does not go stale.
-    last_path: Option<(u16, SocketAddr, u16, usize)>,
+    last_path: Option<LastPath>,
     /// Stages holding datagrams, to be flushed.
     queued: Vec<usize>,
     /// Datagrams the next receive call asks for (1 to `RX_BATCH`).
@@ -768,7 +778,7 @@ impl Engine {
             };
             let path_port = tx.src_port;
             let (wire_port, stage) = match self.last_path {
-                Some((p, d, w, i)) if p == path_port && d == peer => (w, i),
+                Some(l) if l.path_port == path_port && l.dst == peer => (l.wire_port, l.stage),
                 _ => {
                     let w = tx_socket(
                         &mut self.tx,
@@ -781,7 +791,12 @@ impl Engine {
                     )
                     .port;
                     let i = stage_of(&mut self.stages, &mut self.stage_of, (path_port, peer));
-                    self.last_path = Some((path_port, peer, w, i));
+                    self.last_path = Some(LastPath {
+                        path_port,
+                        dst: peer,
+                        wire_port: w,
+                        stage: i,
+                    });
                     (w, i)
                 }
             };

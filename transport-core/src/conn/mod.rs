@@ -337,9 +337,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             }
         };
         let atomic = match wr.op {
-            WrOp::CompareSwap { compare, swap } => (swap, compare, true),
-            WrOp::FetchAdd(add) => (add, 0, false),
-            _ => (0, 0, false),
+            WrOp::CompareSwap { compare, swap } => AtomicOperands::CompareSwap { compare, swap },
+            WrOp::FetchAdd(add) => AtomicOperands::FetchAdd(add),
+            _ => AtomicOperands::None,
         };
         let npkts = if matches!(kind, MsgKind::Read | MsgKind::Atomic) {
             1

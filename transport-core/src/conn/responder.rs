@@ -318,7 +318,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         };
         let mut m = TxMsg::response(MsgKind::AtomicResponse, p.stream, p.msn, 1);
         m.len = 8;
-        m.atomic = (orig, 0, false);
+        m.atomic = AtomicOperands::Original(orig);
         self.push_response(m);
     }
 

@@ -27,11 +27,40 @@ pub(super) struct TxMsg {
     pub(super) next_pkt: u32,
     pub(super) last_psn: Option<Psn>,
     pub(super) resp_bytes: u32,
-    /// Atomic: (swap or add value, compare value, is compare-and-swap); response: (original, _, _).
-    pub(super) atomic: (u64, u64, bool),
+    /// What an atomic request asks, or what an atomic response answers.
+    pub(super) atomic: AtomicOperands,
     pub(super) done: bool,
     pub(super) status: Status,
     pub(super) reported: bool,
+}
+
+/// The operands an atomic message carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum AtomicOperands {
+    /// Not an atomic message.
+    None,
+    /// A compare-and-swap request.
+    CompareSwap {
+        /// The value compared with the target.
+        compare: u64,
+        /// The value written when they are equal.
+        swap: u64,
+    },
+    /// A fetch-and-add request.
+    FetchAdd(u64),
+    /// A response: the target's original value.
+    Original(u64),
+}
+
+impl AtomicOperands {
+    /// The AtomicETH fields (swap or add value, compare value) of a request.
+    pub(super) fn eth_values(self) -> (u64, u64) {
+        match self {
+            AtomicOperands::CompareSwap { compare, swap } => (swap, compare),
+            AtomicOperands::FetchAdd(add) => (add, 0),
+            AtomicOperands::None | AtomicOperands::Original(_) => (0, 0),
+        }
+    }
 }
 
 impl TxMsg {
@@ -51,7 +80,7 @@ impl TxMsg {
             next_pkt: 0,
             last_psn: None,
             resp_bytes: 0,
-            atomic: (0, 0, false),
+            atomic: AtomicOperands::None,
             done: false,
             status: Status::Success,
             reported: false,

@@ -2,6 +2,27 @@
 
 use super::*;
 
+/// The connection's timers, by what they wait for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Timer {
+    /// An ACK carried by data that waits to be acted on (settled at the next entry point).
+    Carried,
+    /// A path's retransmission timeout.
+    Retransmit(usize),
+    /// A failing path's next probe.
+    Probe(usize),
+    /// A path's delayed ACK.
+    Ack(usize),
+    /// The oldest packet the peer saw but never accepted.
+    Unaccepted,
+    /// A packet held back after a receiver-not-ready NACK may go again.
+    RetransmitWake,
+    /// A path silent for its round trip while later transmissions were acknowledged.
+    Overdue(usize),
+    /// A refusal whose NACK goes again unless confirmed.
+    Refusal,
+}
+
 impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: usize>
     Connection<P, W, S, Q, R>
 {
@@ -37,76 +58,75 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         oldest.acked.then(|| oldest.sent_at + self.cfg.rto_high)
     }
 
+    /// When timer `t` fires, if it is armed: the one definition of every deadline, which both
+    /// [`Connection::poll_timeout`] and [`Connection::handle_timeout`] read.
+    fn deadline(&self, t: Timer) -> Option<Instant> {
+        match t {
+            Timer::Carried => self.carried.map(|(arrived, ..)| arrived),
+            Timer::Retransmit(i) => self.rto_at(i),
+            Timer::Probe(i) => {
+                let p = &self.paths[i];
+                (p.state == PathState::Probing).then_some(p.probe_due)
+            }
+            Timer::Ack(i) => self.rx_paths[i].ack_due,
+            Timer::Unaccepted => self.unaccepted_at(),
+            Timer::RetransmitWake => self.retx_wake,
+            Timer::Overdue(i) => self.overdue_at(i),
+            Timer::Refusal => self.refusals.next_due(),
+        }
+    }
+
+    /// Every timer of the connection, armed or not.
+    fn timers(&self) -> impl Iterator<Item = Timer> {
+        let paths = usize::from(self.cfg.paths);
+        let per_path =
+            (0..paths).flat_map(|i| [Timer::Retransmit(i), Timer::Probe(i), Timer::Ack(i)]);
+        let once = [
+            Timer::Carried,
+            Timer::Unaccepted,
+            Timer::RetransmitWake,
+            Timer::Refusal,
+        ];
+        once.into_iter()
+            .chain(per_path)
+            .chain((0..paths).map(Timer::Overdue))
+    }
+
     /// When [`Connection::handle_timeout`] should next be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let mut t: Option<Instant> = None;
-        let mut at = |x: Instant| t = Some(t.map_or(x, |y| y.min(x)));
-        if let Some((arrived, ..)) = self.carried {
-            at(arrived);
-        }
-        for (i, p) in self
-            .paths
-            .iter()
-            .enumerate()
-            .take(usize::from(self.cfg.paths))
-        {
-            if let Some(d) = self.rto_at(i) {
-                at(d);
-            }
-            if p.state == PathState::Probing {
-                at(p.probe_due);
-            }
-            if let Some(d) = self.rx_paths[i].ack_due {
-                at(d);
-            }
-        }
-        if let Some(d) = self.unaccepted_at() {
-            at(d);
-        }
-        if let Some(w) = self.retx_wake {
-            at(w);
-        }
-        for i in 0..usize::from(self.cfg.paths) {
-            if let Some(d) = self.overdue_at(i) {
-                at(d);
-            }
-        }
-        if let Some(d) = self.refusals.next_due() {
-            at(d);
-        }
-        t
+        self.timers().filter_map(|t| self.deadline(t)).min()
     }
 
     /// Fires the timers due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
+        let due = |c: &Self, t| c.deadline(t).is_some_and(|d| now >= d);
         self.settle_carried();
         for i in 0..usize::from(self.cfg.paths) {
-            if self.rto_at(i).is_some_and(|d| now >= d) {
+            if due(self, Timer::Retransmit(i)) {
                 self.path_timeout(i, now);
             }
-            if let Some(d) = self.rx_paths[i].ack_due {
-                if now >= d {
-                    self.acks_now.insert(i);
-                    self.control_dirty = true;
-                    self.rx_paths[i].ack_due = None;
-                    self.acks_due.remove(i);
-                }
+            if due(self, Timer::Ack(i)) {
+                self.acks_now.insert(i);
+                self.control_dirty = true;
+                self.rx_paths[i].ack_due = None;
+                self.acks_due.remove(i);
             }
-            let p = &mut self.paths[i];
-            if p.state == PathState::Probing && now >= p.probe_due {
+            if due(self, Timer::Probe(i)) {
+                let p = &mut self.paths[i];
                 p.probe_pending = true;
                 p.probe_due = now + self.cfg.probe_interval;
                 self.control_dirty = true;
             }
         }
+        // Overdue paths (`Timer::Overdue`) are found and probed across all paths at once.
         self.detect_overdue(now);
-        if self.retx_wake.is_some_and(|w| now >= w) {
+        if due(self, Timer::RetransmitWake) {
             self.retx_wake = None;
         }
         if self.refusals.due(now).is_some() {
             self.control_dirty = true;
         }
-        if self.unaccepted_at().is_some_and(|d| now >= d) {
+        if due(self, Timer::Unaccepted) {
             let idx = self.una.get() as usize % W;
             self.pkts[idx].acked = false;
             self.pkts[idx].sent_at = now;

@@ -420,7 +420,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let offset = idx * mtu;
         let (len, opcode) = match msg.kind {
             MsgKind::Read => (0, Opcode::MrReadRequest),
-            MsgKind::Atomic if msg.atomic.2 => (0, Opcode::MrCompareSwap),
+            MsgKind::Atomic if matches!(msg.atomic, AtomicOperands::CompareSwap { .. }) => {
+                (0, Opcode::MrCompareSwap)
+            }
             MsgKind::Atomic => (0, Opcode::MrFetchAdd),
             MsgKind::AtomicResponse => (0, Opcode::MrAtomicResponse),
             MsgKind::ReadResponse => (
@@ -480,12 +482,16 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 AtomicEthRepr {
                     va: msg.remote.va,
                     rkey: msg.remote.rkey,
-                    swap_add: msg.atomic.0,
-                    compare: msg.atomic.1,
+                    swap_add: msg.atomic.eth_values().0,
+                    compare: msg.atomic.eth_values().1,
                 },
             ),
             (Opcode::MrAtomicResponse, _) => {
-                Extensions::MrAtomicAck(data, AtomicAckEthRepr { orig: msg.atomic.0 })
+                let orig = match msg.atomic {
+                    AtomicOperands::Original(v) => v,
+                    _ => 0,
+                };
+                Extensions::MrAtomicAck(data, AtomicAckEthRepr { orig })
             }
             _ => Extensions::MrData(data),
         };
