@@ -1,6 +1,5 @@
 //! The perftest-shaped commands, `devices`, `stats` and `loopback`.
 
-use clap::ValueEnum;
 use host_ibverbs::devices;
 use host_ibverbs::perf::{self, PerfConfig, PerfError, Report, Test};
 use host_ibverbs::udp::stats;
@@ -10,13 +9,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-/// Which backend carries the test.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Transport {
-    /// MetaRoCE over UDP sockets (runs anywhere).
-    Udp,
-    /// libibverbs on an RDMA NIC.
-    Verbs,
+/// The backends by the names the exchange uses (`perf::Transport::name`).
+fn transport_parser() -> impl clap::builder::TypedValueParser<Value = perf::Transport> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(["udp", "verbs"])
+        .map(|s| perf::Transport::from_name(&s).unwrap_or(perf::Transport::Udp))
 }
 
 /// perftest's flags, where they apply.
@@ -65,9 +62,10 @@ pub struct PerfArgs {
     /// Packets in flight per path.
     #[arg(long, default_value_t = host_ibverbs::udp::DEFAULT_WINDOW)]
     pub window: u32,
-    /// The backend.
-    #[arg(long, value_enum, default_value_t = Transport::Udp)]
-    pub transport: Transport,
+    /// The backend: udp (MetaRoCE over UDP sockets, runs anywhere) or verbs (libibverbs on an
+    /// RDMA NIC, RoCEv2 RC queue pairs).
+    #[arg(long, value_parser = transport_parser(), default_value = "udp")]
+    pub transport: perf::Transport,
     /// Verbs: the port of the RDMA device.
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
     pub ib_port: u8,
@@ -198,12 +196,12 @@ fn config(test: Test, a: &PerfArgs) -> Result<PerfConfig, String> {
     c.max_memory = a.max_memory;
     c.once = a.once;
     c.allow_data_redirect = a.allow_data_redirect;
+    c.transport = a.transport;
     match a.transport {
-        Transport::Verbs => {
-            c.transport = perf::Transport::Verbs;
+        perf::Transport::Verbs => {
             c.device = a.device.clone();
         }
-        Transport::Udp => {
+        perf::Transport::Udp => {
             if let Some(dev) = &a.device {
                 let v6 = a.server.as_deref().is_some_and(|s| s.contains(':'));
                 c.bind = Some(devices::address_of(dev, v6).ok_or_else(|| {
@@ -217,7 +215,7 @@ fn config(test: Test, a: &PerfArgs) -> Result<PerfConfig, String> {
 
 /// Runs one of the six tests.
 pub fn run_perf(test: Test, a: &PerfArgs) -> ExitCode {
-    if a.transport == Transport::Verbs {
+    if a.transport == perf::Transport::Verbs {
         // Say plainly why not before any exchange starts.
         if let Err(e) = host_ibverbs::verbs_status() {
             eprintln!("metaroce: {e}; use --transport udp (the default)");
