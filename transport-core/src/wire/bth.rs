@@ -15,7 +15,7 @@
 //! S solicited event, M migration request, Pad pad count, F FECN, B BECN, A acknowledge request.
 //! Reserved bits are ignored on parse and written as zero.
 
-use super::ext::Layout;
+use super::layout::Layout;
 use super::{split, split_mut, Error, Header};
 use core::fmt;
 use zerocopy::network_endian::{U16, U32};

@@ -1,6 +1,6 @@
 //! What can be wrong with a frame, named precisely.
 
-use super::ext::Layout;
+use super::layout::Layout;
 use core::fmt;
 
 /// The header (or trailing part) of a frame that a problem was found in.

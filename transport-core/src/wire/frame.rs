@@ -7,49 +7,12 @@
 //! which selects the extension headers ([`Opcode::layout`](super::Opcode::layout)).
 
 use super::ip::IpRepr;
+pub use super::options::{IcrcCheck, ParseOptions};
 use super::view::FrameView;
 use super::{
     fold, ones_complement_sum, BthRepr, Error, EtherType, EthernetRepr, Extensions, UdpRepr,
-    ROCEV2_PORT,
 };
 use crate::icrc;
-
-/// What to do with the ICRC while parsing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub enum IcrcCheck {
-    /// Compute it and refuse the frame when it is wrong.
-    Verify,
-    /// Compute it and report both values in [`Parsed`], without refusing the frame.
-    Report,
-    /// Do not compute it (the NIC or a lower layer already checked it).
-    Skip,
-}
-
-/// How strictly to parse.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "defmt", derive(defmt::Format))]
-pub struct ParseOptions {
-    /// The UDP destination port that marks RoCEv2 (4791 unless configured otherwise).
-    pub port: u16,
-    /// Verify the IPv4 header checksum.
-    pub verify_ip_checksum: bool,
-    /// Verify the UDP checksum when it is not zero.
-    pub verify_udp_checksum: bool,
-    /// What to do with the ICRC.
-    pub icrc: IcrcCheck,
-}
-
-impl Default for ParseOptions {
-    fn default() -> Self {
-        ParseOptions {
-            port: ROCEV2_PORT,
-            verify_ip_checksum: true,
-            verify_udp_checksum: true,
-            icrc: IcrcCheck::Verify,
-        }
-    }
-}
 
 /// A RoCEv2 or MetaRoCE frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

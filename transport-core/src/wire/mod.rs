@@ -16,7 +16,9 @@ mod ethernet;
 mod ext;
 pub mod frame;
 mod ip;
+mod layout;
 pub mod metaroce;
+mod options;
 mod udp;
 mod view;
 
@@ -25,10 +27,12 @@ pub use error::{Error, Header};
 pub use ethernet::{EtherType, EthernetRepr, MacAddr, VlanTag};
 pub use ext::{
     AckSyndrome, AethRepr, AtomicAckEthRepr, AtomicEthRepr, DethRepr, ExtensionFields, Extensions,
-    Layout, NakCode, RethRepr,
+    NakCode, RethRepr,
 };
-pub use frame::{parse, parse_with, FrameRepr, IcrcCheck, ParseOptions, Parsed};
+pub use frame::{parse, parse_with, FrameRepr, Parsed};
 pub use ip::{Ecn, IpRepr, Ipv4Repr, Ipv6Repr};
+pub use layout::Layout;
+pub use options::{IcrcCheck, ParseOptions};
 pub use udp::{UdpRepr, ROCEV2_PORT};
 pub use view::FrameView;
 

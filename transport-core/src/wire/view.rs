@@ -3,9 +3,9 @@
 //! headers present and of a known MetaRoCE version, pad count, ICRC) but keeps only offsets. Fields
 //! are read on demand, so the receive path pays for the fields it uses and nothing more.
 
-use super::frame::{IcrcCheck, ParseOptions};
 use super::ip::{check_ipv4, check_ipv6, IpRepr, Ipv4Repr, Ipv6Repr};
 use super::metaroce::VERSION;
+use super::options::{IcrcCheck, ParseOptions};
 use super::{
     ones_complement_sum, truncated, BthRepr, Error, EtherType, EthernetRepr, Extensions, Header,
     Layout, MacAddr, Opcode, Psn, Qpn, UdpRepr, VlanTag,

@@ -2,6 +2,7 @@
 //! timestamp, ECN echo and the receiver's fair-share rate hint.
 
 use super::{check_version, version_byte};
+use crate::wire::layout;
 use crate::wire::{split, split_mut, Error, Header, Psn};
 use zerocopy::network_endian::{U16, U32};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
@@ -59,7 +60,7 @@ pub struct MrAckRepr {
 
 impl MrAckRepr {
     /// Bytes this header occupies on the wire.
-    pub const LEN: usize = 52;
+    pub const LEN: usize = layout::MR_ACK_LEN;
 
     /// Whether path sequence `cum_seq + 1 + i` is acknowledged selectively (false beyond 255).
     pub fn sacked(&self, i: usize) -> bool {

@@ -1,6 +1,7 @@
 //! The MetaRoCE NACK and path probe headers.
 
 use super::{check_version, version_byte};
+use crate::wire::layout;
 use crate::wire::{split, split_mut, Error, Header};
 use zerocopy::network_endian::{U16, U32};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
@@ -103,7 +104,7 @@ pub struct MrNackRepr {
 
 impl MrNackRepr {
     /// Bytes this header occupies on the wire.
-    pub const LEN: usize = 16;
+    pub const LEN: usize = layout::MR_NACK_LEN;
 
     /// Parses the header, returning it and the bytes after it.
     pub fn parse(buf: &[u8]) -> Result<(Self, &[u8]), Error> {
@@ -152,7 +153,7 @@ pub struct MrProbeRepr {
 
 impl MrProbeRepr {
     /// Bytes this header occupies on the wire.
-    pub const LEN: usize = 16;
+    pub const LEN: usize = layout::MR_PROBE_LEN;
 
     /// Parses the header, returning it and the bytes after it.
     pub fn parse(buf: &[u8]) -> Result<(Self, &[u8]), Error> {

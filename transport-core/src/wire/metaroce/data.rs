@@ -1,6 +1,7 @@
 //! The MetaRoCE data header and remote-address header.
 
 use super::{check_version, version_byte};
+use crate::wire::layout;
 use crate::wire::{split, split_mut, Error, Header};
 use zerocopy::network_endian::{U16, U32, U64};
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
@@ -60,7 +61,7 @@ pub struct MrDataRepr {
 
 impl MrDataRepr {
     /// Bytes this header occupies on the wire.
-    pub const LEN: usize = 24;
+    pub const LEN: usize = layout::MR_DATA_LEN;
 
     /// Parses the header, returning it and the bytes after it.
     #[inline]
@@ -112,7 +113,7 @@ pub struct MrRemoteRepr {
 
 impl MrRemoteRepr {
     /// Bytes this header occupies on the wire.
-    pub const LEN: usize = 12;
+    pub const LEN: usize = layout::MR_REMOTE_LEN;
 
     /// Parses the header, returning it and the bytes after it.
     #[inline]
