@@ -295,7 +295,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             let idx = self.una.get() as usize % W;
             let pk = self.pkts[idx];
             self.pkts[idx].acked = true;
-            if let Some(m) = self.msgs[pk.msg as usize % Q].as_mut() {
+            if let Some(m) = self.msgs.get_mut(pk.msg) {
                 if m.last_psn == Some(self.una)
                     && m.next_pkt == m.npkts
                     && !matches!(m.kind, MsgKind::Read | MsgKind::Atomic)
@@ -311,16 +311,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// Reports finished messages in order within each stream and frees the ring's head.
     pub(super) fn complete_in_order(&mut self) {
         let mut blocked = [false; S];
-        let mut m = self.msg_head;
-        while m != self.msg_tail {
-            let slot = m as usize % Q;
-            let Some(msg) = self.msgs[slot] else {
-                m = m.wrapping_add(1);
+        for m in self.msgs.seqs() {
+            let Some(&msg) = self.msgs.get(m) else {
                 continue;
             };
             let s = usize::from(msg.stream) % S;
             if !msg.reported && msg.done && !blocked[s] {
-                if let Some(x) = self.msgs[slot].as_mut() {
+                if let Some(x) = self.msgs.get_mut(m) {
                     x.reported = true;
                 }
                 let kind = match msg.kind {
@@ -343,20 +340,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             } else if !msg.reported {
                 blocked[s] = true;
             }
-            m = m.wrapping_add(1);
         }
         // Free reported messages at the head whose packets have all left the window.
-        while self.msg_head != self.msg_tail {
-            let slot = self.msg_head as usize % Q;
-            let free = match self.msgs[slot] {
-                None => true,
-                Some(msg) => msg.reported && msg.last_psn.is_none_or(|l| !self.in_tx_window(l)),
-            };
-            if !free {
+        while let Some(&msg) = self.msgs.front() {
+            if !(msg.reported && msg.last_psn.is_none_or(|l| !self.in_tx_window(l))) {
                 break;
             }
-            self.msgs[slot] = None;
-            self.msg_head = self.msg_head.wrapping_add(1);
+            self.msgs.pop();
         }
     }
 }

@@ -43,6 +43,7 @@ mod receive;
 mod refusals;
 mod region;
 mod responder;
+mod ring;
 mod runner;
 mod sack;
 mod seq;
@@ -91,6 +92,7 @@ use config::*;
 use crc::*;
 use receive::*;
 use refusals::*;
+use ring::Ring;
 use state::*;
 
 /// A connection with capacities: `P` paths, `W` packets in flight, `S` streams, `Q` messages and
@@ -107,16 +109,14 @@ pub struct Connection<
     regions: RegionTable<R>,
     counters: Counters,
     // Sender.
-    msgs: [Option<TxMsg>; Q],
-    msg_head: u32,
-    msg_tail: u32,
+    /// Messages posted (and responses this end sends), by message number until freed.
+    msgs: Ring<TxMsg, Q>,
     pkts: [TxPkt; W],
     una: Psn,
     nxt: Psn,
     peer_cum: Psn,
-    retx: [Psn; W],
-    retx_head: u32,
-    retx_tail: u32,
+    /// Packets to send again, in order.
+    retx: Ring<Psn, W>,
     /// When a packet held back after a receiver-not-ready NACK may go again.
     retx_wake: Option<Instant>,
     paths: [TxPath; P],
@@ -151,9 +151,7 @@ pub struct Connection<
     /// Paths whose `ack_due` is set (an index of `rx_paths`, checked in debug builds).
     acks_due: PathSet,
     pending_atomic: Option<PendingAtomic>,
-    events: [Option<Event>; Q],
-    ev_head: u32,
-    ev_tail: u32,
+    events: Ring<Event, Q>,
     events_lost: u64,
     /// ICRC prefixes of what this end sends and receives.
     icrc_tx: IcrcPrefixes,
@@ -221,16 +219,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         Connection {
             regions: RegionTable::default(),
             counters: Counters::default(),
-            msgs: [None; Q],
-            msg_head: 0,
-            msg_tail: 0,
+            msgs: Ring::new(),
             pkts: [TxPkt::default(); W],
             una: cfg.initial_psn,
             nxt: cfg.initial_psn,
             peer_cum: cfg.initial_psn,
-            retx: [Psn::new(0); W],
-            retx_head: 0,
-            retx_tail: 0,
+            retx: Ring::new(),
             retx_wake: None,
             paths: core::array::from_fn(path),
             rr: 0,
@@ -258,9 +252,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             acks_now: PathSet::default(),
             acks_due: PathSet::default(),
             pending_atomic: None,
-            events: [None; Q],
-            ev_head: 0,
-            ev_tail: 0,
+            events: Ring::new(),
             events_lost: 0,
             icrc_tx: IcrcPrefixes::default(),
             icrc_rx: IcrcPrefixes::default(),
@@ -312,7 +304,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if stream >= S {
             return Err(PostError::NoSuchStream);
         }
-        if self.msg_tail.wrapping_sub(self.msg_head) as usize >= Q {
+        if self.msgs.is_full() {
             return Err(PostError::QueueFull);
         }
         let is_atomic = matches!(wr.op, WrOp::CompareSwap { .. } | WrOp::FetchAdd(_));
@@ -367,9 +359,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         Ok(())
     }
 
+    /// Queues a message; the callers checked that the ring has room.
     fn push_msg(&mut self, m: TxMsg) {
-        self.msgs[self.msg_tail as usize % Q] = Some(m);
-        self.msg_tail = self.msg_tail.wrapping_add(1);
+        let _ = self.msgs.push(m);
     }
 
     /// Queues a response (Read or atomic) this end sends on its own.
@@ -399,26 +391,18 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 
     /// The next event, if any.
     pub fn poll_event(&mut self) -> Option<Event> {
-        if self.ev_head == self.ev_tail {
-            return None;
-        }
-        let e = self.events[self.ev_head as usize % Q].take();
-        self.ev_head = self.ev_head.wrapping_add(1);
-        e
+        self.events.pop()
     }
 
     fn push_event(&mut self, e: Event) {
-        if self.ev_tail.wrapping_sub(self.ev_head) as usize >= Q {
+        if self.events.push(e).is_err() {
             self.events_lost += 1;
-            return;
         }
-        self.events[self.ev_tail as usize % Q] = Some(e);
-        self.ev_tail = self.ev_tail.wrapping_add(1);
     }
 
     /// Whether everything posted has completed and nothing is waiting to be sent.
     pub fn is_idle(&self) -> bool {
-        self.msg_head == self.msg_tail && self.una == self.nxt && !self.refusals.any()
+        self.msgs.is_empty() && self.una == self.nxt && !self.refusals.any()
     }
 }
 

@@ -302,7 +302,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             self.retx_wake = Some(self.retx_wake.map_or(wake, |w| w.min(wake)));
             return Ok(());
         }
-        if let Some(m) = self.msgs[self.pkts[idx].msg as usize % Q].as_mut() {
+        if let Some(m) = self.msgs.get_mut(self.pkts[idx].msg) {
             if !m.done {
                 m.done = true;
                 m.status = Status::Refused(nack.reason);

@@ -109,7 +109,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     Ok(va) => va,
                     Err(reason) => return self.refuse(bth.psn, i, &data, reason, true),
                 };
-                if self.msg_tail.wrapping_sub(self.msg_head) as usize >= Q {
+                if self.msgs.is_full() {
                     return self.refuse(bth.psn, i, &data, NackReason::ReceiverNotReady, false);
                 }
                 let npkts = data.msg_len.div_ceil(self.cfg.mtu).max(1);
@@ -134,7 +134,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 // Atomics execute in order after everything sent before them (as Verbs orders
                 // them): one that overtook an earlier packet on another path waits, answered
                 // receiver-not-ready, and comes again.
-                if offset_psn != 0 || self.msg_tail.wrapping_sub(self.msg_head) as usize >= Q {
+                if offset_psn != 0 || self.msgs.is_full() {
                     return self.refuse(bth.psn, i, &data, NackReason::ReceiverNotReady, false);
                 }
                 self.pending_atomic = Some(PendingAtomic {
@@ -342,9 +342,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     }
 
     pub(super) fn atomic_response(&mut self, data: &MrDataRepr, orig: u64) -> Delivery {
-        let mut m = self.msg_head;
-        while m != self.msg_tail {
-            if let Some(msg) = self.msgs[m as usize % Q].as_mut() {
+        for m in self.msgs.seqs() {
+            if let Some(msg) = self.msgs.get_mut(m) {
                 if msg.kind == MsgKind::Atomic
                     && msg.stream == data.stream_id
                     && msg.msn == data.msn
@@ -356,7 +355,6 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     return Delivery::Value { addr, value: orig };
                 }
             }
-            m = m.wrapping_add(1);
         }
         Delivery::Nothing
     }
@@ -367,10 +365,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         payload_at: usize,
         payload_len: usize,
     ) -> Delivery {
-        let mut m = self.msg_head;
-        while m != self.msg_tail {
-            let slot = m as usize % Q;
-            if let Some(msg) = self.msgs[slot].as_mut() {
+        for m in self.msgs.seqs() {
+            if let Some(msg) = self.msgs.get_mut(m) {
                 if msg.kind == MsgKind::Read
                     && msg.stream == data.stream_id
                     && msg.msn == data.msn
@@ -392,7 +388,6 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     };
                 }
             }
-            m = m.wrapping_add(1);
         }
         Delivery::Nothing
     }

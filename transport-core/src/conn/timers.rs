@@ -225,9 +225,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if pk.queued {
             return;
         }
-        pk.queued = true;
         pk.not_before = not_before;
-        self.retx[self.retx_tail as usize % W] = psn;
-        self.retx_tail = self.retx_tail.wrapping_add(1);
+        // Full only with stale entries of earlier tenants of the slots; a packet left out now
+        // is queued by a later timeout.
+        pk.queued = self.retx.push(psn).is_ok();
     }
 }

@@ -310,7 +310,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         };
         usize::from(ack.path_id) == last
             && PathSeq(ack.cum_seq) == self.paths[last].next_seq
-            && self.retx_head == self.retx_tail
+            && self.retx.is_empty()
             && self.paths[..usize::from(self.cfg.paths)]
                 .iter()
                 .enumerate()
@@ -318,8 +318,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     }
 
     pub(super) fn transmit_retx(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
-        while self.retx_head != self.retx_tail {
-            let psn = self.retx[self.retx_head as usize % W];
+        while let Some(&psn) = self.retx.front() {
             let live = self.in_tx_window(psn) && !self.pkts[psn.get() as usize % W].acked;
             if !live {
                 // A stale entry: clear the flag only if the slot still holds this PSN.
@@ -327,7 +326,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 if pk.psn == psn {
                     pk.queued = false;
                 }
-                self.retx_head = self.retx_head.wrapping_add(1);
+                self.retx.pop();
                 continue;
             }
             let not_before = self.pkts[psn.get() as usize % W].not_before;
@@ -339,7 +338,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             }
             let avoid = Some(usize::from(self.pkts[psn.get() as usize % W].path));
             let path = self.pick_path(avoid)?;
-            self.retx_head = self.retx_head.wrapping_add(1);
+            self.retx.pop();
             self.pkts[psn.get() as usize % W].queued = false;
             if self.pkts[psn.get() as usize % W].path == NO_PATH {
                 // Sent again after a receiver-not-ready NACK, not after a loss.
@@ -357,17 +356,16 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             return None;
         }
         // The oldest message with packets left to send, from the hint on.
-        let ahead = self.send_hint.wrapping_sub(self.msg_head);
-        let mut m = if ahead <= self.msg_tail.wrapping_sub(self.msg_head) {
+        let mut m = if self.msgs.contains(self.send_hint) || self.send_hint == self.msgs.tail() {
             self.send_hint
         } else {
-            self.msg_head
+            self.msgs.head()
         };
         let found = loop {
-            if m == self.msg_tail {
+            if m == self.msgs.tail() {
                 return None;
             }
-            if let Some(msg) = &self.msgs[m as usize % Q] {
+            if let Some(msg) = self.msgs.get(m) {
                 if !msg.done && msg.next_pkt < msg.npkts {
                     break m;
                 }
@@ -378,7 +376,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let path = self.pick_path(None)?;
         let psn = self.nxt;
         self.nxt = self.nxt.wrapping_add(1);
-        let msg = self.msgs[found as usize % Q].as_mut()?;
+        let msg = self.msgs.get_mut(found)?;
         let idx = msg.next_pkt;
         msg.next_pkt += 1;
         msg.last_psn = Some(psn);
@@ -402,7 +400,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         retransmit: bool,
     ) -> Option<Transmit> {
         let pk = self.pkts[psn.get() as usize % W];
-        let msg = self.msgs[pk.msg as usize % Q]?;
+        let msg = *self.msgs.get(pk.msg)?;
         let p = &mut self.paths[path];
         let seq = p.next_seq;
         p.next_seq = seq.add(1);
