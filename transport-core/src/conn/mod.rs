@@ -147,9 +147,8 @@ pub struct Connection<
     unverified_confirm: Option<PendingNack>,
     refusals: RefusalTable<REFUSALS>,
     /// Paths whose ACK is to go now (an ACK that goes now lives only here).
-    acks_now: PathSet,
-    /// Paths whose `ack_due` is set (an index of `rx_paths`, checked in debug builds).
-    acks_due: PathSet,
+    /// Which paths owe the peer an ACK.
+    acks: AckSchedule<P>,
     pending_atomic: Option<PendingAtomic>,
     events: Ring<Event, Q>,
     events_lost: u64,
@@ -208,7 +207,6 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let rx_path = |i: usize| RxPath {
             sack: SackBitmap::new(path_origin(cfg.peer_initial_path_seq, i as u8)),
             unacked: 0,
-            ack_due: None,
             ce: 0,
             ece: false,
             ts: 0,
@@ -249,8 +247,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             rack_sent: 0,
             rack_dirty: false,
             refusals: RefusalTable::new(),
-            acks_now: PathSet::default(),
-            acks_due: PathSet::default(),
+            acks: AckSchedule::new(),
             pending_atomic: None,
             events: Ring::new(),
             events_lost: 0,

@@ -156,7 +156,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             // And an ACK echoing the probe: it reports what arrived on the path before it.
             rx.ts = probe.timestamp;
             rx.ts_at = now;
-            self.acks_now.insert(i);
+            self.acks.at_once(i);
             self.control_dirty = true;
             return Ok(());
         }
@@ -242,7 +242,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             self.counters.refusals_confirmed += 1;
             if !self.refusals.any() {
                 // The requester's window waits for an ACK without the refusals flag.
-                self.acks_now.insert(i);
+                self.acks.at_once(i);
                 self.control_dirty = true;
             }
             return Ok(());

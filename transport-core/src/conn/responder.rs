@@ -50,11 +50,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
         let urgent = marked || bth.ack_req || arrival != Arrival::InOrder || rx.sack.has_gap();
         if urgent || rx.unacked >= self.cfg.ack_every {
-            self.acks_now.insert(i);
+            self.acks.at_once(i);
             self.control_dirty = true;
-        } else if rx.ack_due.is_none() {
-            rx.ack_due = Some(now + self.cfg.ack_delay);
-            self.acks_due.insert(i);
+        } else {
+            self.acks.by(i, now + self.cfg.ack_delay);
         }
         if duplicate {
             self.counters.duplicates += 1;

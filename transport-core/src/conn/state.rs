@@ -179,11 +179,71 @@ impl PathSet {
     }
 }
 
+/// Which paths owe the peer an ACK, at once or by a deadline. It owns the deadlines, so the set
+/// of paths with a delayed ACK is always the set with a deadline.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct AckSchedule<const P: usize> {
+    deadline: [Option<Instant>; P],
+    now: PathSet,
+    delayed: PathSet,
+}
+
+impl<const P: usize> AckSchedule<P> {
+    pub(super) const fn new() -> Self {
+        AckSchedule {
+            deadline: [None; P],
+            now: PathSet([0; 4]),
+            delayed: PathSet([0; 4]),
+        }
+    }
+
+    /// Path `i`'s ACK goes at the next chance.
+    pub(super) fn at_once(&mut self, i: usize) {
+        self.now.insert(i);
+    }
+
+    /// Path `i`'s ACK goes by `at` at the latest (an earlier deadline stands).
+    pub(super) fn by(&mut self, i: usize, at: Instant) {
+        if self.deadline[i].is_none() {
+            self.deadline[i] = Some(at);
+            self.delayed.insert(i);
+        }
+    }
+
+    /// Path `i`'s delayed ACK is due: it goes at the next chance.
+    pub(super) fn expire(&mut self, i: usize) {
+        self.deadline[i] = None;
+        self.delayed.remove(i);
+        self.now.insert(i);
+    }
+
+    /// Path `i`'s ACK left: it owes nothing.
+    pub(super) fn sent(&mut self, i: usize) {
+        self.deadline[i] = None;
+        self.delayed.remove(i);
+        self.now.remove(i);
+    }
+
+    /// When path `i`'s delayed ACK is due.
+    pub(super) fn deadline(&self, i: usize) -> Option<Instant> {
+        self.deadline[i]
+    }
+
+    /// Whether path `i`'s ACK goes at the next chance.
+    pub(super) fn is_due_now(&self, i: usize) -> bool {
+        self.now.contains(i)
+    }
+
+    /// A path that owes an ACK: due at once first, then delayed ones.
+    pub(super) fn next(&self) -> Option<usize> {
+        self.now.first().or_else(|| self.delayed.first())
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 pub(super) struct RxPath {
     pub(super) sack: SackBitmap,
     pub(super) unacked: u16,
-    pub(super) ack_due: Option<Instant>,
     pub(super) ce: u16,
     pub(super) ece: bool,
     pub(super) ts: u32,

@@ -68,7 +68,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 let p = &self.paths[i];
                 (p.state == PathState::Probing).then_some(p.probe_due)
             }
-            Timer::Ack(i) => self.rx_paths[i].ack_due,
+            Timer::Ack(i) => self.acks.deadline(i),
             Timer::Unaccepted => self.unaccepted_at(),
             Timer::RetransmitWake => self.retx_wake,
             Timer::Overdue(i) => self.overdue_at(i),
@@ -106,10 +106,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 self.path_timeout(i, now);
             }
             if due(self, Timer::Ack(i)) {
-                self.acks_now.insert(i);
+                self.acks.expire(i);
                 self.control_dirty = true;
-                self.rx_paths[i].ack_due = None;
-                self.acks_due.remove(i);
             }
             if due(self, Timer::Probe(i)) {
                 let p = &mut self.paths[i];

@@ -103,9 +103,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             rate_hint: 0,
             sack: rx.sack.to_wire(),
         };
-        rx.ack_due = None;
-        self.acks_now.remove(i);
-        self.acks_due.remove(i);
+        self.acks.sent(i);
         rx.unacked = 0;
         rx.ce = 0;
         rx.ece = false;
@@ -115,13 +113,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 
     /// A path whose acknowledgement waits (due now first, then delayed ones).
     pub(super) fn waiting_ack(&self) -> Option<usize> {
-        debug_assert_eq!(
-            self.acks_due.first(),
-            self.rx_paths[..usize::from(self.cfg.paths)]
-                .iter()
-                .position(|r| r.ack_due.is_some())
-        );
-        self.acks_now.first().or_else(|| self.acks_due.first())
+        self.acks.next()
     }
 
     pub(super) fn transmit_control(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
@@ -181,7 +173,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 let bth = self.bth(Opcode::MrProbeReply, Psn::new(0), 0, false);
                 return self.write_headers(buf, bth, Extensions::MrProbe(probe), i, 0, 0);
             }
-            if self.acks_now.contains(i) {
+            if self.acks.is_due_now(i) {
                 let ack = self.take_ack(i, now);
                 let bth = self.bth(Opcode::MrAck, self.rx_cum, 0, false);
                 return self.write_headers(buf, bth, Extensions::MrAck(ack), i, 0, 0);
