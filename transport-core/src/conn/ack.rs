@@ -48,7 +48,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if port_path >= usize::from(self.cfg.paths) || !self.on_path_port(port_path, src_port) {
             return Err(DropReason::WrongPort);
         }
-        let highest_bit = highest_sack_bit(&ack.sack);
+        let highest_bit = ack.highest_sacked();
         if !self.ack_is_consistent(i, cum_psn, ack, highest_bit) {
             self.counters.drop_bad_ack += 1;
             return Err(DropReason::Inconsistent);

@@ -416,21 +416,6 @@ fn post_inc(x: &mut u32) -> u32 {
     v
 }
 
-/// The highest bit set in a SACK bitvector (bit `b` is byte `b / 8`, bit `b % 8`).
-fn highest_sack_bit(sack: &[u8]) -> Option<usize> {
-    // Eight bytes at a time from the top (bit k of byte i is bit 8i + k): an ACK without gaps,
-    // the usual one, is four zero tests.
-    let words = sack.len() / 8;
-    let (head, tail) = sack.split_at(words * 8);
-    if let Some((i, b)) = tail.iter().enumerate().rev().find(|(_, b)| **b != 0) {
-        return Some((words * 8 + i) * 8 + 7 - b.leading_zeros() as usize);
-    }
-    head.chunks_exact(8).enumerate().rev().find_map(|(w, c)| {
-        let v = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
-        (v != 0).then(|| w * 64 + 63 - v.leading_zeros() as usize)
-    })
-}
-
 fn rtt_sample(p: &mut TxPath, rtt: u64) {
     if p.stats.rtt_min == 0 || rtt < p.stats.rtt_min {
         p.stats.rtt_min = rtt.max(1);
@@ -458,7 +443,7 @@ pub fn atomic_new_value(current: u64, compare: Option<u64>, swap_add: u64) -> u6
 
 #[cfg(test)]
 mod unit {
-    use super::{compute_icrc, highest_sack_bit, IcrcPrefixes, ICRC_SLOTS};
+    use super::{compute_icrc, IcrcPrefixes, ICRC_SLOTS};
     use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
     #[test]
@@ -490,35 +475,6 @@ mod unit {
                     }
                 }
             }
-        }
-    }
-
-    #[test]
-    fn highest_sack_bit_matches_a_bit_by_bit_scan() {
-        let slow = |s: &[u8; 32]| (0..256).rev().find(|b| s[b / 8] & (1 << (b % 8)) != 0);
-        let mut s = [0u8; 32];
-        assert_eq!(highest_sack_bit(&s), None);
-        for b in 0..256 {
-            s = [0; 32];
-            s[b / 8] |= 1 << (b % 8);
-            s[0] |= 1; // a lower bit set too
-            assert_eq!(highest_sack_bit(&s), Some(b), "bit {b}");
-            assert_eq!(highest_sack_bit(&s), slow(&s));
-        }
-        // Lengths that are not whole words.
-        let slow_n = |s: &[u8]| {
-            (0..s.len() * 8)
-                .rev()
-                .find(|b| s[b / 8] & (1 << (b % 8)) != 0)
-        };
-        for n in [0usize, 1, 7, 9, 13] {
-            for b in 0..n * 8 {
-                let mut v = std::vec![0u8; n];
-                v[b / 8] |= 1 << (b % 8);
-                assert_eq!(highest_sack_bit(&v), Some(b), "{n} bytes, bit {b}");
-                assert_eq!(highest_sack_bit(&v), slow_n(&v));
-            }
-            assert_eq!(highest_sack_bit(&std::vec![0u8; n]), None);
         }
     }
 }

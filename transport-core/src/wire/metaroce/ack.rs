@@ -69,6 +69,21 @@ impl MrAckRepr {
             .is_some_and(|b| b & (1 << (i % 8)) != 0)
     }
 
+    /// The highest `i` for which [`MrAckRepr::sacked`] holds: the furthest transmission the ACK
+    /// reports as arrived is `cum_seq + 1 + i`.
+    pub fn highest_sacked(&self) -> Option<usize> {
+        // Eight bytes at a time from the top (bit k of byte j is bit 8j + k): an ACK without
+        // gaps, the usual one, is four zero tests.
+        self.sack
+            .chunks_exact(8)
+            .enumerate()
+            .rev()
+            .find_map(|(w, c)| {
+                let v = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+                (v != 0).then(|| w * 64 + 63 - v.leading_zeros() as usize)
+            })
+    }
+
     /// Parses the header, returning it and the bytes after it.
     #[inline]
     pub fn parse(buf: &[u8]) -> Result<(Self, &[u8]), Error> {
@@ -150,6 +165,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_highest_sacked_bit_matches_a_bit_by_bit_scan() {
+        let mut r = MrAckRepr {
+            ece: false,
+            refusals: false,
+            path_id: 0,
+            ce_count: 0,
+            cum_seq: 0,
+            ts_echo: 0,
+            ack_delay: 0,
+            rate_hint: 0,
+            sack: [0; 32],
+        };
+        let slow = |r: &MrAckRepr| (0..256).rev().find(|&b| r.sacked(b));
+        assert_eq!(r.highest_sacked(), None);
+        for b in 0..256 {
+            r.sack = [0; 32];
+            r.sack[b / 8] |= 1 << (b % 8);
+            r.sack[0] |= 1; // a lower bit set too
+            assert_eq!(r.highest_sacked(), Some(b), "bit {b}");
+            assert_eq!(r.highest_sacked(), slow(&r));
+        }
+    }
+
+    #[test]
     fn golden_ack() {
         let mut bytes = [0u8; 52];
         bytes[..20].copy_from_slice(&[
@@ -168,6 +207,7 @@ mod tests {
         );
         assert!(r.sacked(0) && !r.sacked(1) && r.sacked(2) && r.sacked(255));
         assert!(!r.sacked(256));
+        assert_eq!(r.highest_sacked(), Some(255));
         let mut out = [0u8; 52];
         r.emit(&mut out).unwrap();
         assert_eq!(out, bytes);
