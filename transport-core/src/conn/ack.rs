@@ -7,9 +7,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 {
     /// Takes the ACK the last data packet carried, if it has not been taken yet.
     pub(super) fn settle_carried(&mut self) {
-        if let Some((at, origin, cum_psn, ack)) = self.carried.take() {
+        if let Some(c) = self.carried.take() {
             // A carried ACK that fails its checks is counted there; its packet stands.
-            let _ = self.on_ack(at, origin, cum_psn, &ack);
+            let _ = self.on_ack(c.at, c.origin, c.cum_psn, &c.ack);
         }
     }
 

@@ -129,7 +129,7 @@ pub struct Connection<
     response_ready: bool,
     /// The ACK the last data packet carried (flag A) and when it arrived: taken after that
     /// packet's own work and after the answer a runner sends at once (see `handle_datagram`).
-    carried: Option<(Instant, AckOrigin, Psn, MrAckRepr)>,
+    carried: Option<CarriedAck>,
     tx_streams: [TxStream; S],
     // Receiver.
     rx_paths: [RxPath; P],

@@ -70,7 +70,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                             src_port,
                             via_path: data.path_id,
                         };
-                        self.carried = Some((now, origin, p.cum_psn, p.ack));
+                        self.carried = Some(CarriedAck {
+                            at: now,
+                            origin,
+                            cum_psn: p.cum_psn,
+                            ack: p.ack,
+                        });
                     }
                     self.on_data(
                         now,

@@ -179,6 +179,21 @@ impl PathSet {
     }
 }
 
+/// An ACK a data packet carried, held until that packet's own work (and the answer a runner
+/// sends at once) is done: [`Connection::handle_datagram`], [`Connection::poll_transmit`] and
+/// [`Connection::handle_timeout`] take it first thing, whichever comes next.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CarriedAck {
+    /// When its packet arrived.
+    pub(super) at: Instant,
+    /// Where it came from (the port and path of the packet that carried it).
+    pub(super) origin: AckOrigin,
+    /// The cumulative PSN it carried.
+    pub(super) cum_psn: Psn,
+    /// The path's ACK.
+    pub(super) ack: MrAckRepr,
+}
+
 /// Which paths owe the peer an ACK, at once or by a deadline. It owns the deadlines, so the set
 /// of paths with a delayed ACK is always the set with a deadline.
 #[derive(Debug, Clone, Copy)]

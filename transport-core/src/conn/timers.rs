@@ -62,7 +62,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// [`Connection::poll_timeout`] and [`Connection::handle_timeout`] read.
     fn deadline(&self, t: Timer) -> Option<Instant> {
         match t {
-            Timer::Carried => self.carried.map(|(arrived, ..)| arrived),
+            Timer::Carried => self.carried.map(|c| c.at),
             Timer::Retransmit(i) => self.rto_at(i),
             Timer::Probe(i) => {
                 let p = &self.paths[i];

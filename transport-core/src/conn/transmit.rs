@@ -297,7 +297,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             let p = &self.paths[last];
             return p.next_seq == p.una;
         }
-        let Some((.., ack)) = &self.carried else {
+        let Some(CarriedAck { ack, .. }) = &self.carried else {
             return false;
         };
         usize::from(ack.path_id) == last
