@@ -1,0 +1,134 @@
+//! The live memory regions of a device, as the engine checks every access against them.
+
+use super::*;
+
+/// A live memory region, as the engine knows it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MemEntry {
+    pub len: u64,
+    pub key: u32,
+    pub pd: u32,
+    pub access: transport_core::conn::Access,
+}
+
+/// The live memory regions of a device by base address, with the last one a check found (most
+/// packets of a flow fall in the same region). Every change of the set forgets it.
+pub(crate) struct Mems {
+    map: BTreeMap<u64, MemEntry>,
+    /// (base, end) of the region the last successful check found; empty when (MAX, 0).
+    hint: std::cell::Cell<(u64, u64)>,
+}
+
+impl Mems {
+    const NO_HINT: (u64, u64) = (u64::MAX, 0);
+
+    pub fn new() -> Mems {
+        Mems {
+            map: BTreeMap::new(),
+            hint: std::cell::Cell::new(Self::NO_HINT),
+        }
+    }
+
+    pub fn insert(&mut self, base: u64, e: MemEntry) {
+        self.hint.set(Self::NO_HINT);
+        self.map.insert(base, e);
+    }
+
+    pub fn remove(&mut self, base: u64) {
+        self.hint.set(Self::NO_HINT);
+        self.map.remove(&base);
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&u64, &MemEntry)> {
+        self.map.iter()
+    }
+
+    /// Whether `addr..addr+len` lies inside one live region.
+    pub fn contains(&self, addr: u64, len: usize) -> bool {
+        let Some(end) = addr.checked_add(len as u64) else {
+            return false;
+        };
+        let (b, e) = self.hint.get();
+        if addr >= b && end <= e {
+            return true;
+        }
+        match self.map.range(..=addr).next_back() {
+            Some((start, m)) if end <= start + m.len => {
+                self.hint.set((*start, start + m.len));
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The engine's side of the core's runner contract: a connection reads payloads from and places
+/// deliveries into live regions only, each access checked against the region table first.
+impl Memory for Mems {
+    #[inline]
+    fn read(&self, addr: u64, len: usize) -> Option<&[u8]> {
+        if len == 0 {
+            return Some(&[]);
+        }
+        if !self.contains(addr, len) {
+            return None;
+        }
+        // SAFETY: `addr..addr+len` lies inside a live region (checked just above), readable for
+        // `len` bytes; a region's memory stays allocated while its entry is in the table, which
+        // the shared borrow of `self` keeps unchanged for the slice's life; no mutable Rust
+        // reference to region memory exists (the region API copies in and out).
+        Some(unsafe { std::slice::from_raw_parts(addr as *const u8, len) })
+    }
+
+    #[inline]
+    fn write(&mut self, addr: u64, bytes: &[u8]) -> bool {
+        if bytes.is_empty() {
+            return true;
+        }
+        if !self.contains(addr, bytes.len()) {
+            return false;
+        }
+        // SAFETY: the destination lies inside a live region (checked just above); a region's
+        // memory stays allocated while its entry is in the table; no Rust reference to region
+        // memory exists outside the engine's own copies, and `bytes` is a received datagram in
+        // the engine's buffers, which cannot overlap region memory.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, bytes.len());
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod mems_tests {
+    use super::*;
+
+    fn entry(len: u64) -> MemEntry {
+        MemEntry {
+            len,
+            key: 1,
+            pd: 0,
+            access: transport_core::conn::Access::LOCAL_WRITE,
+        }
+    }
+
+    #[test]
+    fn a_removed_region_is_not_remembered() {
+        let mut m = Mems::new();
+        assert!(!m.contains(0, 0) && !m.contains(4096, 1));
+        m.insert(4096, entry(100));
+        m.insert(8192, entry(50));
+        assert!(m.contains(4096, 100) && m.contains(4150, 10)); // the second hits the hint
+        assert!(!m.contains(4150, 51) && !m.contains(4095, 2) && !m.contains(u64::MAX, 2));
+        assert!(m.contains(8192, 50) && !m.contains(8192, 51));
+        m.remove(4096);
+        assert!(!m.contains(4150, 10), "the hint went with the region");
+        assert!(m.contains(8200, 8));
+        m.remove(8192);
+        assert!(!m.contains(8200, 8));
+    }
+}

@@ -1,0 +1,151 @@
+//! The receive side of the engine: batches from the receive socket, each datagram demultiplexed
+//! to its connection and what it delivers applied to memory.
+
+use super::*;
+
+impl Engine {
+    /// Reads what waits on the receive socket and hands it to the connections.
+    /// Without batched calls, up to `want` calls of one datagram each, until one finds none.
+    pub(super) fn receive(&mut self, now: u64, want: usize) -> usize {
+        if self.batch {
+            return self.receive_call(now, want);
+        }
+        let mut got = 0;
+        while got < want {
+            let n = self.receive_call(now, 1);
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        got
+    }
+
+    /// One receive call for up to `want` datagrams.
+    pub(super) fn receive_call(&mut self, now: u64, want: usize) -> usize {
+        let Some(mut batch) = self.rx_batch.take() else {
+            return 0;
+        };
+        let n = match self.rx.recv_batch(&mut batch, want) {
+            Ok(n) => n,
+            Err(_) => {
+                self.counters.rx_errors += 1;
+                0
+            }
+        };
+        if n > 0 {
+            self.counters.rx_syscalls += 1;
+        }
+        // Each datagram is dated by the kernel's arrival time where that is later than what the
+        // connections were last told (it waited in the socket while this end slept or was
+        // descheduled: neither an RTT sample nor an ACK delay may count that), else by now,
+        // after the call: an ACK read with the round's start time would shorten its RTT sample
+        // by the round's transmissions (and a data packet's time would lengthen the ACK delay
+        // its receiver reports, shortening the sender's sample again).
+        let (now, real) = if n > 0 {
+            (self.now(), crate::udp::socket::realtime_ns())
+        } else {
+            (now, 0)
+        };
+        for i in 0..n {
+            let (data, meta) = batch.get(i);
+            let at = if meta.arrived_realtime > 0 {
+                let waited = real.saturating_sub(meta.arrived_realtime);
+                now.saturating_sub(waited)
+                    .clamp(self.clock_floor.min(now), now)
+            } else {
+                now
+            };
+            self.clock_floor = self.clock_floor.max(at);
+            let now = at;
+            let seg = if meta.segment > 0 {
+                meta.segment
+            } else {
+                data.len().max(1)
+            };
+            if data.len() > seg {
+                self.counters.rx_gro_batches += 1;
+            }
+            let mut chunks = data.chunks(seg).peekable();
+            while let Some(d) = chunks.next() {
+                // The kernel wrote these bytes; their first read misses the cache. Ask for the
+                // next datagram's headers while this one is handled.
+                match chunks.peek() {
+                    Some(next) => prefetch(next),
+                    None if i + 1 < n => prefetch(batch.get(i + 1).0),
+                    None => {}
+                }
+                self.dispatch(now, meta, d);
+            }
+        }
+        self.rx_batch = Some(batch);
+        n
+    }
+
+    /// One datagram: demultiplex by destination QP, check the sender, hand it to the core and
+    /// do what it answers.
+    pub(super) fn dispatch(&mut self, now: u64, meta: RecvMeta, d: &[u8]) {
+        let c = &mut self.counters;
+        c.rx_packets += 1;
+        c.rx_bytes += d.len() as u64;
+        let ce = meta.ecn == Ecn::Ce.bits();
+        if ce {
+            c.rx_ecn_ce += 1;
+        }
+        let Some(src) = meta.src else {
+            c.rx_drop_runt += 1;
+            return;
+        };
+        if let Some(p) = self.pcap.as_mut() {
+            let t = since(self.epoch);
+            write_pcap(
+                p,
+                t,
+                src,
+                SocketAddr::new(self.local_ip, self.rx.local_addr().port()),
+                meta.ecn,
+                d,
+            );
+        }
+        if d.len() < 12 {
+            self.counters.rx_drop_runt += 1;
+            return;
+        }
+        let qpn = u32::from_be_bytes([0, d[5], d[6], d[7]]);
+        let Some(qp) = self.qps.get_mut(&qpn) else {
+            self.counters.rx_drop_unknown_qp += 1;
+            return;
+        };
+        let (Some(conn), Some(peer)) = (qp.conn.as_mut(), qp.peer) else {
+            self.counters.rx_drop_not_connected += 1;
+            return;
+        };
+        if src.ip() != peer.ip() {
+            self.counters.rx_drop_wrong_peer += 1;
+            return;
+        }
+        if let Ok(delivery) = conn.handle_datagram(now, src.port(), ce, d) {
+            if conn.apply(&mut self.mems, d, delivery) == Applied::OutOfMemory {
+                self.counters.rx_drop_bad_place += 1;
+            }
+        }
+    }
+}
+
+/// Asks the CPU to bring the first cache lines of `d` (a datagram's headers) closer.
+#[inline(always)]
+pub(super) fn prefetch(d: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        for at in [0usize, 64] {
+            if at < d.len() {
+                // SAFETY: a prefetch is a hint that never faults or changes memory; the address
+                // lies inside `d` anyway. SSE is part of the x86-64 baseline.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(d.as_ptr().add(at).cast::<i8>()) };
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = d;
+}

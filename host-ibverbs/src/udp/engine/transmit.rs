@@ -1,0 +1,319 @@
+//! The send side of the engine: what the connections have to send, built in place in a stage per
+//! path and destination, and sent a GSO run per `sendmmsg` message.
+
+use super::*;
+use crate::udp::socket::SendRun as Run;
+
+/// Datagrams waiting to leave from one source port to one destination: one buffer, cut into
+/// messages of one `sendmmsg` call, each a single datagram or a GSO run of equal segments (the
+/// last may be shorter).
+pub(super) struct Stage {
+    pub(super) key: (u16, SocketAddr),
+    pub(super) buf: Vec<u8>,
+    pub(super) msgs: Vec<Run>,
+    /// It holds a datagram with payload (sent before those with headers only).
+    pub(super) data: bool,
+    /// Listed in `Engine::queued`.
+    pub(super) queued: bool,
+}
+
+/// Where the last datagram staged went: its path's port, its destination, the port it really
+/// leaves from and its stage.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LastPath {
+    pub(super) path_port: u16,
+    pub(super) dst: SocketAddr,
+    pub(super) wire_port: u16,
+    pub(super) stage: usize,
+}
+
+/// Messages per `sendmmsg` call.
+pub(super) const TX_BATCH: usize = 64;
+
+/// A path's send socket and the UDP source port its datagrams really carry.
+pub(super) struct TxSocket {
+    /// None: nothing could be bound; the receive socket sends for the path.
+    pub(super) sock: Option<UdpSocket>,
+    pub(super) port: u16,
+}
+
+/// The send socket of path port `src_port` (bound and connected to `dst` on first use) and the
+/// source port it really sends from. When another process holds the path's port, a free port
+/// carries the path instead (counted): the ICRC covers the UDP source port, so the runner seals
+/// every datagram over the port on the wire.
+pub(super) fn tx_socket<'a>(
+    tx: &'a mut HashMap<u16, TxSocket>,
+    counters: &mut EngineCounters,
+    rx: &UdpSocket,
+    opts: &SocketOptions,
+    local_ip: IpAddr,
+    src_port: u16,
+    dst: SocketAddr,
+) -> &'a TxSocket {
+    tx.entry(src_port).or_insert_with(|| {
+        let opts = SocketOptions {
+            gro: false,
+            ..*opts
+        };
+        let bind = |port| {
+            UdpSocket::bind(SocketAddr::new(local_ip, port), &opts)
+                .ok()
+                .map(|mut s| {
+                    // A send-only socket: connecting it caches the route to its first peer.
+                    let _ = s.connect(dst);
+                    s
+                })
+        };
+        let mut sock = bind(src_port);
+        if sock.is_none() {
+            counters.tx_port_fallback += 1;
+            sock = bind(0);
+        }
+        let port = sock.as_ref().unwrap_or(rx).local_addr().port();
+        TxSocket { sock, port }
+    })
+}
+
+/// The stage of (path port, destination) `key`, made on first use.
+pub(super) fn stage_of(
+    stages: &mut Vec<Stage>,
+    index: &mut HashMap<(u16, SocketAddr), usize>,
+    key: (u16, SocketAddr),
+) -> usize {
+    *index.entry(key).or_insert_with(|| {
+        stages.push(Stage {
+            key,
+            buf: Vec::with_capacity(GSO_MAX_BYTES),
+            msgs: Vec::with_capacity(TX_BATCH),
+            data: false,
+            queued: false,
+        });
+        stages.len() - 1
+    })
+}
+
+impl Engine {
+    /// Asks every connection for what it has to send, fills in payloads from memory, and sends
+    /// it, one GSO call per path where consecutive datagrams allow.
+    pub(super) fn transmit(&mut self, now: u64) -> bool {
+        let mut qpns = std::mem::take(&mut self.qpn_list);
+        qpns.clear();
+        qpns.extend(self.qps.keys().copied());
+        let mut sent = false;
+        for &qpn in &qpns {
+            sent |= self.transmit_qp(qpn, now, false);
+        }
+        self.qpn_list = qpns;
+        self.flush();
+        sent
+    }
+
+    /// Sends at once what a queue pair can send, right after a post (a doorbell): an answer to
+    /// a ping leaves without waiting for the next round of the loop. When the window is full (a
+    /// bulk transfer) the connection has nothing to give and this costs one check.
+    pub fn kick(&mut self, qpn: u32, now: u64) {
+        self.dirty = true;
+        // Data first, sent at once; then what else waits (the ACKs of what arrived).
+        if self.transmit_qp(qpn, now, true) {
+            self.flush();
+        }
+        if self.transmit_qp(qpn, now, false) {
+            self.flush();
+        }
+    }
+
+    /// Stages everything one queue pair has to send (only data packets with `data_only`).
+    pub(super) fn transmit_qp(&mut self, qpn: u32, now: u64, data_only: bool) -> bool {
+        let mut sent = false;
+        let mut scratch = std::mem::take(&mut self.scratch);
+        while let Some(qp) = self.qps.get_mut(&qpn) {
+            let (Some(conn), Some(peer)) = (qp.conn.as_mut(), qp.peer) else {
+                break;
+            };
+            let next = if data_only {
+                conn.poll_transmit_data(now, &mut scratch)
+            } else {
+                conn.poll_transmit(now, &mut scratch)
+            };
+            let Some(tx) = next else {
+                break;
+            };
+            let path_port = tx.src_port;
+            let (wire_port, stage) = match self.last_path {
+                Some(l) if l.path_port == path_port && l.dst == peer => (l.wire_port, l.stage),
+                _ => {
+                    let w = tx_socket(
+                        &mut self.tx,
+                        &mut self.counters,
+                        &self.rx,
+                        &self.opts,
+                        self.local_ip,
+                        path_port,
+                        peer,
+                    )
+                    .port;
+                    let i = stage_of(&mut self.stages, &mut self.stage_of, (path_port, peer));
+                    self.last_path = Some(LastPath {
+                        path_port,
+                        dst: peer,
+                        wire_port: w,
+                        stage: i,
+                    });
+                    (w, i)
+                }
+            };
+            let tx = transport_core::conn::Transmit {
+                src_port: wire_port,
+                ..tx
+            };
+            // The datagram is built where it leaves from, the stage's buffer: headers from the
+            // scratch buffer, the payload straight from the region (one copy, not two), then
+            // pad and ICRC in place.
+            let buf = &mut self.stages[stage].buf;
+            let start = buf.len();
+            buf.reserve(tx.len);
+            buf.extend_from_slice(&scratch[..tx.header_len]);
+            // (`Connection::fill_and_seal` wants the datagram's room laid out first, which here
+            // would zero the payload's bytes before copying them: the copy appends instead.)
+            match self.mems.read(tx.payload_addr, tx.payload_len) {
+                Some(payload) => buf.extend_from_slice(payload),
+                None => {
+                    // Cannot happen for buffers checked at post time; send zeros, count it.
+                    buf.resize(start + tx.header_len + tx.payload_len, 0);
+                    self.counters.tx_bad_local += 1;
+                }
+            }
+            buf.resize(start + tx.len, 0);
+            conn.seal(&tx, &mut buf[start..]);
+            sent = true;
+            self.staged(stage, wire_port, peer, start, tx.payload_len > 0);
+        }
+        self.scratch = scratch;
+        sent
+    }
+
+    /// Queues the datagram built at `start` of stage `idx`'s buffer (to its end; see `stage_of`),
+    /// whose path leaves from `wire_port`.
+    pub(super) fn staged(
+        &mut self,
+        idx: usize,
+        wire_port: u16,
+        dst: SocketAddr,
+        start: usize,
+        data: bool,
+    ) {
+        let d = &self.stages[idx].buf[start..];
+        let len = d.len();
+        self.counters.tx_packets += 1;
+        self.counters.tx_bytes += len as u64;
+        if let Some(p) = self.pcap.as_mut() {
+            let t = since(self.epoch);
+            write_pcap(
+                p,
+                t,
+                SocketAddr::new(self.local_ip, wire_port),
+                dst,
+                crate::udp::socket::ECT0,
+                d,
+            );
+        }
+        let gso = self.gso;
+        let s = &mut self.stages[idx];
+        if s.msgs.is_empty() {
+            s.data = false;
+        }
+        if !s.queued {
+            s.queued = true;
+            self.queued.push(idx);
+        }
+        s.data |= data;
+        let extend = s.msgs.last().is_some_and(|r| {
+            gso && len <= r.segment
+                && r.len % r.segment == 0
+                && r.len / r.segment < GSO_MAX_SEGMENTS
+                && r.len + len <= GSO_MAX_BYTES
+        });
+        if extend {
+            if let Some(r) = s.msgs.last_mut() {
+                r.len += len;
+            }
+        } else {
+            s.msgs.push(Run {
+                start,
+                len,
+                segment: len,
+            });
+        }
+        if s.msgs.len() >= TX_BATCH {
+            self.flush_one(idx);
+        }
+    }
+
+    pub(super) fn flush(&mut self) {
+        // Payload before acknowledgements: an answer to a ping should not wait behind an ACK.
+        let queued = std::mem::take(&mut self.queued);
+        for data_pass in [true, false] {
+            for &i in &queued {
+                if self.stages[i].data == data_pass {
+                    self.flush_one(i);
+                }
+            }
+        }
+        for &i in &queued {
+            self.stages[i].queued = false;
+        }
+        self.queued = queued;
+        self.queued.clear();
+    }
+
+    pub(super) fn flush_one(&mut self, idx: usize) {
+        let batch = self.batch;
+        let s = &mut self.stages[idx];
+        if s.msgs.is_empty() {
+            return;
+        }
+        let (src_port, dst) = s.key;
+        let sock = self.tx[&src_port].sock.as_ref().unwrap_or(&self.rx);
+        let mut runs: &[Run] = &s.msgs;
+        while !runs.is_empty() {
+            self.counters.tx_syscalls += 1;
+            // One message per call without batching (a GSO run is still one message).
+            let call = if batch { runs } else { &runs[..1] };
+            match sock.send_many(&dst, &s.buf, call) {
+                Ok(0) => break,
+                Ok(n) => {
+                    self.counters.tx_gso_batches +=
+                        runs[..n].iter().filter(|r| r.len > r.segment).count() as u64;
+                    runs = &runs[n..];
+                }
+                Err(e)
+                    if runs[0].len > runs[0].segment
+                        && matches!(
+                            e.raw_os_error(),
+                            Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT)
+                        ) =>
+                {
+                    // The route cannot segment: datagrams one by one from now on.
+                    self.gso = false;
+                    self.counters.tx_gso_disabled += 1;
+                    let r = runs[0];
+                    runs = &runs[1..];
+                    for d in s.buf[r.start..r.start + r.len].chunks(r.segment) {
+                        self.counters.tx_syscalls += 1;
+                        if sock.send(&dst, d, 0).is_err() {
+                            self.counters.tx_errors += 1;
+                        }
+                    }
+                }
+                Err(_) => {
+                    // Buffer full or unreachable: these are lost; the connection repairs them.
+                    let r = runs[0];
+                    runs = &runs[1..];
+                    self.counters.tx_errors += r.len.div_ceil(r.segment.max(1)) as u64;
+                }
+            }
+        }
+        s.buf.clear();
+        s.msgs.clear();
+    }
+}
