@@ -1,0 +1,276 @@
+//! What a test runs: the test, its parameters, and their checks (`validate`, the packet size).
+
+use super::*;
+
+/// Which test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Test {
+    /// RDMA Write bandwidth.
+    WriteBw,
+    /// RDMA Write latency (ping-pong of Writes with immediate).
+    WriteLat,
+    /// Send bandwidth.
+    SendBw,
+    /// Send latency (ping-pong).
+    SendLat,
+    /// RDMA Read bandwidth.
+    ReadBw,
+    /// RDMA Read latency.
+    ReadLat,
+}
+
+impl Test {
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Test::WriteBw => "write-bw",
+            Test::WriteLat => "write-lat",
+            Test::SendBw => "send-bw",
+            Test::SendLat => "send-lat",
+            Test::ReadBw => "read-bw",
+            Test::ReadLat => "read-lat",
+        }
+    }
+
+    /// The test of a name.
+    pub fn from_name(s: &str) -> Option<Test> {
+        [
+            Test::WriteBw,
+            Test::WriteLat,
+            Test::SendBw,
+            Test::SendLat,
+            Test::ReadBw,
+            Test::ReadLat,
+        ]
+        .into_iter()
+        .find(|t| t.name() == s)
+    }
+
+    /// Whether it measures latency.
+    pub fn is_latency(self) -> bool {
+        matches!(self, Test::WriteLat | Test::SendLat | Test::ReadLat)
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct PerfConfig {
+    /// The test.
+    pub test: Test,
+    /// The server to connect to (client mode), or None (server mode).
+    pub server: Option<String>,
+    /// TCP port of the exchange.
+    pub port: u16,
+    /// UDP port to receive data on.
+    pub data_port: u16,
+    /// Local address to use (default: the one the exchange's TCP connection uses).
+    pub bind: Option<IpAddr>,
+    /// Message size.
+    pub size: usize,
+    /// Iterations per connection.
+    pub iters: u64,
+    /// Run for this long instead of a number of iterations.
+    pub duration: Option<Duration>,
+    /// Connections.
+    pub qps: u32,
+    /// Paths per connection.
+    pub paths: u8,
+    /// Payload bytes per packet; None picks the largest RoCE MTU (256 to 4096) that fits the
+    /// local interface's MTU without IP fragmentation.
+    pub mtu: Option<u32>,
+    /// Packets in flight per path.
+    pub window: u32,
+    /// UDP transport: the ICRC of the data path, for both ends (the client's choice is the
+    /// server's): computed and checked (the default), or neither (`--no-icrc`).
+    pub icrc: udp::IcrcMode,
+    /// Work requests in flight per connection (bandwidth tests).
+    pub tx_depth: u32,
+    /// All sizes from 2 bytes to 8 MiB.
+    pub all_sizes: bool,
+    /// UDP transport: SO_BUSY_POLL on the sockets, no sleeping in the engine's waits, and
+    /// bandwidth tests poll without pause (by default they sleep after 200 us without work;
+    /// latency tests always spin).
+    pub busy_poll: bool,
+    /// UDP transport: wait for completions sleeping at once (perftest's `-e`).
+    pub use_event: bool,
+    /// UDP transport: UDP GSO on sends.
+    pub gso: bool,
+    /// UDP transport: UDP GRO on receives.
+    pub gro: bool,
+    /// UDP transport: several datagrams per system call (`sendmmsg`, `recvmmsg`).
+    pub batch: bool,
+    /// Capture file.
+    pub pcap: Option<PathBuf>,
+    /// Print a progress line every second on long runs.
+    pub progress: bool,
+    /// Publish counters for `metaroce stats`.
+    pub publish_stats: bool,
+    /// Bandwidth tests: worker threads per end, each with its own device (UDP socket and
+    /// engine) and its share of the connections.
+    pub threads: u32,
+    /// Latency tests: every sample in the result (`LatResult::samples_us`), as perftest's `-H`
+    /// and `-U` print them.
+    pub samples: bool,
+    /// The backend.
+    pub transport: Transport,
+    /// Verbs: the RDMA device (default: the first).
+    pub device: Option<String>,
+    /// Verbs: the port.
+    pub ib_port: u8,
+    /// Verbs: the GID index of the local address (RoCEv2 GIDs are often 1 or 3).
+    pub gid_index: u8,
+    /// Bytes of buffers one end may register for a phase, all connections and workers
+    /// together (`--max-memory`): a peer cannot make this end take more.
+    pub max_memory: u64,
+    /// Server: serve one client and exit, as perftest does (`--once`); otherwise a server that
+    /// loses or finishes a client goes back to waiting.
+    pub once: bool,
+    /// Send data to whatever address the peer names, not only to the address its control
+    /// connection comes from (`--allow-data-redirect`; for a data path on another interface).
+    pub allow_data_redirect: bool,
+}
+
+impl PerfConfig {
+    /// perftest's defaults for `test`: 65536 bytes and 5000 iterations for bandwidth, 2 bytes
+    /// and 1000 iterations for latency.
+    pub fn new(test: Test) -> PerfConfig {
+        PerfConfig {
+            test,
+            server: None,
+            port: crate::oob::DEFAULT_PORT,
+            data_port: transport_core::wire::ROCEV2_PORT,
+            bind: None,
+            size: if test.is_latency() { 2 } else { 65536 },
+            iters: if test.is_latency() { 1000 } else { 5000 },
+            duration: None,
+            qps: 1,
+            paths: 8,
+            mtu: None,
+            window: udp::DEFAULT_WINDOW,
+            icrc: udp::IcrcMode::Full,
+            tx_depth: 128,
+            all_sizes: false,
+            busy_poll: false,
+            use_event: false,
+            gso: true,
+            gro: true,
+            batch: true,
+            pcap: None,
+            progress: true,
+            publish_stats: true,
+            threads: 1,
+            samples: false,
+            transport: Transport::Udp,
+            device: None,
+            ib_port: 1,
+            gid_index: 0,
+            max_memory: DEFAULT_MAX_MEMORY,
+            once: false,
+            allow_data_redirect: false,
+        }
+    }
+
+    /// The sizes the run covers.
+    pub fn sizes(&self) -> Vec<usize> {
+        if self.all_sizes {
+            (1..=23).map(|i| 1usize << i).collect()
+        } else {
+            vec![self.size]
+        }
+    }
+}
+
+/// The name of an ICRC mode in the connection exchange (`icrc=full|off`).
+pub(super) fn icrc_name(m: udp::IcrcMode) -> &'static str {
+    match m {
+        udp::IcrcMode::Off => "off",
+        _ => "full",
+    }
+}
+
+/// Bytes a packet adds to its payload: IP, UDP, BTH, the largest MetaRoCE data headers, pad
+/// and ICRC.
+pub(super) fn packet_overhead(ip: IpAddr) -> u32 {
+    (if ip.is_ipv4() { 20 } else { 40 }) + 8 + 64
+}
+
+/// The payload per packet: `explicit` if it fits the interface of `local_ip`, else the largest
+/// RoCE MTU that does (datagrams are never fragmented: a lost fragment loses the packet).
+pub fn packet_mtu(explicit: Option<u32>, local_ip: IpAddr) -> Result<u32, PerfError> {
+    let link = crate::devices::mtu_of(local_ip).unwrap_or(1500);
+    let room = link.saturating_sub(packet_overhead(local_ip));
+    let best = [4096u32, 2048, 1024, 512, 256]
+        .into_iter()
+        .find(|m| *m <= room)
+        .ok_or_else(|| PerfError::Invalid(format!("the interface MTU {link} is too small")))?;
+    match explicit {
+        None => Ok(best),
+        Some(m) if m <= room => Ok(m),
+        Some(m) => Err(PerfError::Invalid(format!(
+            "-m {m} does not fit the MTU {link} of the interface of {local_ip} without \
+             fragmentation; the largest RoCE MTU that does is {best}"
+        ))),
+    }
+}
+
+pub(super) fn validate(cfg: &PerfConfig) -> Result<(), PerfError> {
+    if cfg.qps == 0 || cfg.qps > 64 {
+        return Err(PerfError::Invalid("-q must be 1 to 64".into()));
+    }
+    if cfg.paths == 0 || usize::from(cfg.paths) > udp::MAX_PATHS {
+        return Err(PerfError::Invalid("--paths must be 1 to 64".into()));
+    }
+    if cfg.size == 0 && !cfg.all_sizes {
+        return Err(PerfError::Invalid("-s must be at least 1".into()));
+    }
+    if cfg.size > (1 << 30) {
+        return Err(PerfError::Invalid("-s must be at most 1 GiB".into()));
+    }
+    if cfg.iters == 0 && cfg.duration.is_none() {
+        return Err(PerfError::Invalid("-n must be at least 1".into()));
+    }
+    if cfg.threads == 0 || cfg.threads > cfg.qps {
+        return Err(PerfError::Invalid(
+            "--threads must be at least 1 and at most -q".into(),
+        ));
+    }
+    if cfg.samples && !cfg.test.is_latency() {
+        return Err(PerfError::Invalid(
+            "-H and -U (every sample) apply to latency tests".into(),
+        ));
+    }
+    if cfg.threads > 1 && cfg.test.is_latency() {
+        return Err(PerfError::Invalid(
+            "--threads applies to bandwidth tests".into(),
+        ));
+    }
+    if cfg.tx_depth == 0 {
+        return Err(PerfError::Invalid("-t must be at least 1".into()));
+    }
+    if cfg.icrc != udp::IcrcMode::Full && cfg.transport != Transport::Udp {
+        return Err(PerfError::Invalid(
+            "--no-icrc applies to the UDP transport (a RoCE NIC always sends and checks it)".into(),
+        ));
+    }
+    if cfg.icrc == udp::IcrcMode::SendOnly {
+        return Err(PerfError::Invalid(
+            "the tools' ICRC is full or off (send-only is for a runner whose NIC checks it)".into(),
+        ));
+    }
+    if cfg.window == 0 || cfg.window > 255 {
+        return Err(PerfError::Invalid(
+            "the window must be 1 to 255 packets".into(),
+        ));
+    }
+    if cfg.duration.is_some_and(|d| d > MAX_DURATION) {
+        return Err(PerfError::Invalid("-D must be at most 24 hours".into()));
+    }
+    if cfg.transport == Transport::Verbs && cfg.pcap.is_some() {
+        return Err(PerfError::Invalid(
+            "--pcap captures the UDP transport; over verbs use the NIC's own capture (ibdump, \
+             or tcpdump on a ConnectX interface with sniffer mode)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
