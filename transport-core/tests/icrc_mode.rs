@@ -132,3 +132,28 @@ fn send_only_sends_the_icrc_and_accepts_arrivals_unchecked() {
         }
     }
 }
+
+/// A runner that could not bind a path's port tells the connection the one it sends from: the
+/// path's datagrams then name it, and their ICRC covers it (the peer checks it and accepts).
+#[test]
+fn a_port_the_runner_bound_instead_names_the_path_and_enters_its_icrc() {
+    let mut p = pair(IcrcMode::Full, IcrcMode::Full);
+    for path in 0..4u8 {
+        p.a.conn.bind_path_port(path, 40_000 + u16::from(path));
+    }
+    p.a.conn.post(0, write_at(1, 0, 16_384, KEY)).unwrap();
+    let seen = run(&mut p, 100);
+    assert!(completed(&p, 1));
+    let from_a: Vec<_> = seen.iter().filter(|(to_b, ..)| *to_b).collect();
+    assert!(from_a.len() >= 16);
+    for (_, port, _) in &from_a {
+        assert!((40_000..40_004).contains(port), "{port}");
+    }
+    for path in 0..4 {
+        assert_eq!(
+            p.a.conn.path_stats(path).unwrap().src_port,
+            40_000 + path as u16
+        );
+    }
+    assert_eq!(p.b.conn.counters().drop_bad_icrc, 0);
+}

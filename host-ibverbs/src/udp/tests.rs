@@ -542,6 +542,23 @@ fn paths_whose_ports_are_taken_send_from_other_ports_with_a_good_icrc() {
         h.set_nonblocking(true).unwrap();
         assert!(h.recv(&mut [0u8; 64]).is_err());
     }
+    // The connection knows the ports its paths really send from: none of them is held, and the
+    // receiver learned each path's port from what arrived (the same ports).
+    let held_ports: Vec<u16> = held
+        .iter()
+        .map(|h| h.local_addr().unwrap().port())
+        .collect();
+    let tx_paths = &a.ctx.snapshot()[0].paths;
+    assert_eq!(tx_paths.len(), 4);
+    for p in tx_paths {
+        assert!(!held_ports.contains(&p.src_port), "{p:?} {held_ports:?}");
+    }
+    let moved = (0..4u8)
+        .filter(|&i| {
+            tx_paths[usize::from(i)].src_port != transport_core::conn::entropy_port(seed, i, 0)
+        })
+        .count();
+    assert_eq!(moved, held.len(), "exactly the held paths moved");
 }
 
 /// A 2 MiB Write from `a` to `b` with these device settings; returns both devices' counters.

@@ -269,6 +269,17 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         &self.counters
     }
 
+    /// The runner sends path `path`'s datagrams from UDP source port `port` instead of the one
+    /// the connection chose (another process holds that one on this host): from now on the
+    /// path's datagrams name `port`, in their [`Transmit`], their ICRC and the path's
+    /// statistics, until the path takes new entropy after a failure. A path this connection
+    /// does not have is ignored.
+    pub fn bind_path_port(&mut self, path: u8, port: u16) {
+        if let Some(p) = self.paths.get_mut(usize::from(path)) {
+            p.stats.src_port = port;
+        }
+    }
+
     /// A path's counters and state.
     pub fn path_stats(&self, path: usize) -> Option<PathStats> {
         let p = self.paths.get(path)?;

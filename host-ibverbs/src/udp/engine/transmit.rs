@@ -17,13 +17,11 @@ pub(super) struct Stage {
     pub(super) queued: bool,
 }
 
-/// Where the last datagram staged went: its path's port, its destination, the port it really
-/// leaves from and its stage.
+/// Where the last datagram staged went: its source port, its destination and its stage.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct LastPath {
-    pub(super) path_port: u16,
+    pub(super) port: u16,
     pub(super) dst: SocketAddr,
-    pub(super) wire_port: u16,
     pub(super) stage: usize,
 }
 
@@ -135,12 +133,12 @@ impl Engine {
             } else {
                 conn.poll_transmit(now, &mut scratch)
             };
-            let Some(tx) = next else {
+            let Some(mut tx) = next else {
                 break;
             };
-            let path_port = tx.src_port;
-            let (wire_port, stage) = match self.last_path {
-                Some(l) if l.path_port == path_port && l.dst == peer => (l.wire_port, l.stage),
+            let port = tx.src_port;
+            let stage = match self.last_path {
+                Some(l) if l.port == port && l.dst == peer => l.stage,
                 _ => {
                     let w = tx_socket(
                         &mut self.tx,
@@ -148,24 +146,30 @@ impl Engine {
                         &self.rx,
                         &self.opts,
                         self.local_ip,
-                        path_port,
+                        port,
                         peer,
                     )
                     .port;
-                    let i = stage_of(&mut self.stages, &mut self.stage_of, (path_port, peer));
+                    if w != port {
+                        // Another process holds the path's port: the socket bound instead
+                        // carries the path, and the connection learns its port, so that this
+                        // datagram's ICRC, the wire and the path's statistics agree on it.
+                        conn.bind_path_port(tx.path, w);
+                        if let Some(s) = self.tx.remove(&port) {
+                            self.tx.insert(w, s);
+                        }
+                        tx.src_port = w;
+                    }
+                    let i = stage_of(&mut self.stages, &mut self.stage_of, (w, peer));
                     self.last_path = Some(LastPath {
-                        path_port,
+                        port: w,
                         dst: peer,
-                        wire_port: w,
                         stage: i,
                     });
-                    (w, i)
+                    i
                 }
             };
-            let tx = transport_core::conn::Transmit {
-                src_port: wire_port,
-                ..tx
-            };
+            let wire_port = tx.src_port;
             // The datagram is built where it leaves from, the stage's buffer: headers from the
             // scratch buffer, the payload straight from the region (one copy, not two), then
             // pad and ICRC in place.
