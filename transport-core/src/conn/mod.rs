@@ -66,7 +66,9 @@ use crate::rate::{AckReport, Algorithm, RateControl};
 use crate::wire::metaroce::{
     MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr, NackReason, PiggyAck, SACK_BITS,
 };
-use crate::wire::{AtomicAckEthRepr, AtomicEthRepr, BthRepr, Extensions, Opcode, Psn, Qpn};
+use crate::wire::{
+    AtomicAckEthRepr, AtomicEthRepr, BthRepr, Datagram, Extensions, Opcode, Psn, Qpn,
+};
 use core::net::IpAddr;
 
 /// Slots of a path's in-flight ring: one per bit of the SACK bitvector.

@@ -25,18 +25,32 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         ce: bool,
         datagram: &[u8],
     ) -> Result<Delivery, DropReason> {
+        match Datagram::parse(datagram) {
+            Ok(d) => self.handle_parsed(now, src_port, ce, &d),
+            Err(_) => {
+                self.abandon_atomic();
+                self.settle_carried();
+                self.counters.drop_malformed += 1;
+                Err(DropReason::Malformed)
+            }
+        }
+    }
+
+    /// [`Connection::handle_datagram`] for a datagram the runner has already parsed (to find
+    /// the connection it names by its destination QP): nothing is parsed again.
+    pub fn handle_parsed(
+        &mut self,
+        now: Instant,
+        src_port: u16,
+        ce: bool,
+        view: &Datagram<'_>,
+    ) -> Result<Delivery, DropReason> {
         self.abandon_atomic();
         self.settle_carried();
-        let view = match self.check_datagram(src_port, datagram) {
-            Ok(v) => v,
-            Err(reason) => {
-                match reason {
-                    DropReason::BadIcrc => self.counters.drop_bad_icrc += 1,
-                    _ => self.counters.drop_malformed += 1,
-                }
-                return Err(reason);
-            }
-        };
+        if !self.icrc_ok(src_port, view) {
+            self.counters.drop_bad_icrc += 1;
+            return Err(DropReason::BadIcrc);
+        }
         let bth = view.bth;
         if bth.dest_qp != self.cfg.local_qpn {
             self.counters.drop_wrong_qp += 1;
@@ -96,51 +110,17 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
     }
 
+    /// Whether the datagram's ICRC is right, or this end does not check it (`Config::icrc`).
     #[inline(always)]
-    pub(super) fn check_datagram(
-        &mut self,
-        src_port: u16,
-        d: &[u8],
-    ) -> Result<Checked, DropReason> {
-        let malformed = DropReason::Malformed;
-        if d.len() < BthRepr::LEN + 4 {
-            return Err(malformed);
-        }
-        let (bth, rest) = BthRepr::parse(d).map_err(|_| malformed)?;
-        let (ext, body) =
-            Extensions::parse(Opcode::layout_of(d[0]), rest).map_err(|_| malformed)?;
-        let (piggy, body) = match ext.mr_data() {
-            Some(data) if data.ack => {
-                let (p, body) = PiggyAck::parse(body).map_err(|_| malformed)?;
-                (Some(p), body)
-            }
-            _ => (None, body),
-        };
-        let payload_and_pad = body.len().checked_sub(4).ok_or(malformed)?;
-        let payload_len = payload_and_pad
-            .checked_sub(usize::from(bth.pad_count))
-            .ok_or(malformed)?;
-        if self.cfg.icrc.checks() {
-            let icrc_at = d.len() - 4;
-            let stored =
-                u32::from_le_bytes([d[icrc_at], d[icrc_at + 1], d[icrc_at + 2], d[icrc_at + 3]]);
-            let computed = self.icrc_rx.icrc(
-                (self.cfg.remote_ip, self.cfg.local_ip),
-                (src_port, self.cfg.local_port),
-                &d[..icrc_at],
-                self.cfg.icrc_engine,
-            );
-            if stored != computed {
-                return Err(DropReason::BadIcrc);
-            }
-        }
-        Ok(Checked {
-            bth,
-            ext,
-            piggy,
-            payload_at: d.len() - 4 - payload_and_pad,
-            payload_len,
-        })
+    fn icrc_ok(&mut self, src_port: u16, d: &Datagram<'_>) -> bool {
+        !self.cfg.icrc.checks()
+            || d.icrc()
+                == self.icrc_rx.icrc(
+                    (self.cfg.remote_ip, self.cfg.local_ip),
+                    (src_port, self.cfg.local_port),
+                    d.covered(),
+                    self.cfg.icrc_engine,
+                )
     }
 
     /// A probe from the peer (answered from any port: after a failover the peer's path probes
@@ -324,13 +304,4 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 pub(super) enum AckOrigin {
     Own { src_port: u16 },
     Carried { src_port: u16, via_path: u8 },
-}
-
-/// What a datagram's check yields.
-pub(super) struct Checked {
-    pub(super) bth: BthRepr,
-    pub(super) ext: Extensions,
-    pub(super) piggy: Option<PiggyAck>,
-    pub(super) payload_at: usize,
-    pub(super) payload_len: usize,
 }

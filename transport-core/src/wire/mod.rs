@@ -11,6 +11,7 @@
 //! ```
 
 mod bth;
+mod datagram;
 mod error;
 mod ethernet;
 mod ext;
@@ -23,6 +24,7 @@ mod udp;
 mod view;
 
 pub use bth::{BthRepr, Opcode, Psn, Qpn, Transport};
+pub use datagram::Datagram;
 pub use error::{Error, Header};
 pub use ethernet::{EtherType, EthernetRepr, MacAddr, VlanTag};
 pub use ext::{

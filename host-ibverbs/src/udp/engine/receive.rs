@@ -2,6 +2,7 @@
 //! to its connection and what it delivers applied to memory.
 
 use super::*;
+use transport_core::wire::Datagram;
 
 impl Engine {
     /// Reads what waits on the receive socket and hands it to the connections.
@@ -111,7 +112,13 @@ impl Engine {
             self.counters.rx_drop_runt += 1;
             return;
         }
-        let qpn = u32::from_be_bytes([0, d[5], d[6], d[7]]);
+        // Parsed once: the connection acts on the same view. A datagram that does not parse is
+        // still charged to the queue pair its BTH names, whose connection counts it malformed.
+        let parsed = Datagram::parse(d);
+        let qpn = match &parsed {
+            Ok(v) => v.bth.dest_qp.get(),
+            Err(_) => u32::from_be_bytes([0, d[5], d[6], d[7]]),
+        };
         let Some(qp) = self.qps.get_mut(&qpn) else {
             self.counters.rx_drop_unknown_qp += 1;
             return;
@@ -124,7 +131,11 @@ impl Engine {
             self.counters.rx_drop_wrong_peer += 1;
             return;
         }
-        if let Ok(delivery) = conn.handle_datagram(now, src.port(), ce, d) {
+        let handled = match &parsed {
+            Ok(v) => conn.handle_parsed(now, src.port(), ce, v),
+            Err(_) => conn.handle_datagram(now, src.port(), ce, d),
+        };
+        if let Ok(delivery) = handled {
             if conn.apply(&mut self.mems, d, delivery) == Applied::OutOfMemory {
                 self.counters.rx_drop_bad_place += 1;
             }
