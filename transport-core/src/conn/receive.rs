@@ -26,7 +26,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         datagram: &[u8],
     ) -> Result<Delivery, DropReason> {
         match Datagram::parse(datagram) {
-            Ok(d) => self.handle_parsed(now, src_port, ce, &d),
+            Ok(d) => self.receive(now, src_port, ce, &d),
             Err(_) => {
                 self.abandon_atomic();
                 self.settle_carried();
@@ -39,6 +39,18 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// [`Connection::handle_datagram`] for a datagram the runner has already parsed (to find
     /// the connection it names by its destination QP): nothing is parsed again.
     pub fn handle_parsed(
+        &mut self,
+        now: Instant,
+        src_port: u16,
+        ce: bool,
+        view: &Datagram<'_>,
+    ) -> Result<Delivery, DropReason> {
+        self.receive(now, src_port, ce, view)
+    }
+
+    /// The work of both entry points, inlined into each.
+    #[inline(always)]
+    fn receive(
         &mut self,
         now: Instant,
         src_port: u16,

@@ -26,7 +26,7 @@ pub struct Datagram<'a> {
 impl<'a> Datagram<'a> {
     /// Parses `bytes` (BTH to ICRC). Never panics; a datagram too short for its headers, its pad
     /// and its ICRC is an error.
-    #[inline]
+    #[inline(always)]
     pub fn parse(bytes: &'a [u8]) -> Result<Self, Error> {
         let truncated = |header, needed| Error::Truncated {
             header,
