@@ -60,6 +60,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 
     /// When timer `t` fires, if it is armed: the one definition of every deadline, which both
     /// [`Connection::poll_timeout`] and [`Connection::handle_timeout`] read.
+    #[inline(always)]
     fn deadline(&self, t: Timer) -> Option<Instant> {
         match t {
             Timer::Carried => self.carried.map(|c| c.at),
@@ -76,25 +77,30 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
     }
 
-    /// Every timer of the connection, armed or not.
-    fn timers(&self) -> impl Iterator<Item = Timer> {
-        let paths = usize::from(self.cfg.paths);
-        let per_path =
-            (0..paths).flat_map(|i| [Timer::Retransmit(i), Timer::Probe(i), Timer::Ack(i)]);
-        let once = [
+    /// When [`Connection::handle_timeout`] should next be called: the earliest deadline of
+    /// every timer (plain loops: the runner asks after every round).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut t: Option<Instant> = None;
+        let mut at = |timer| {
+            if let Some(x) = self.deadline(timer) {
+                t = Some(t.map_or(x, |y| y.min(x)));
+            }
+        };
+        for timer in [
             Timer::Carried,
             Timer::Unaccepted,
             Timer::RetransmitWake,
             Timer::Refusal,
-        ];
-        once.into_iter()
-            .chain(per_path)
-            .chain((0..paths).map(Timer::Overdue))
-    }
-
-    /// When [`Connection::handle_timeout`] should next be called.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.timers().filter_map(|t| self.deadline(t)).min()
+        ] {
+            at(timer);
+        }
+        for i in 0..usize::from(self.cfg.paths) {
+            at(Timer::Retransmit(i));
+            at(Timer::Probe(i));
+            at(Timer::Ack(i));
+            at(Timer::Overdue(i));
+        }
+        t
     }
 
     /// Fires the timers due at `now`.
