@@ -114,7 +114,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             self.rack_sent = newest_sent;
             self.rack_dirty = true;
         }
-        self.congestion(i, now, ack.ce_count > 0 || ack.ece, acked_now);
+        self.congestion(
+            i,
+            now,
+            ack.ce_count > 0 || ack.ece,
+            acked_now,
+            ack.rate_hint,
+        );
         let p = &mut self.paths[i];
         if newly_acked {
             p.timeouts_in_row = 0;
@@ -125,6 +131,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             );
             if rtt <= now.saturating_sub(oldest_sent) {
                 rtt_sample(p, rtt);
+                let srtt = p.srtt;
+                if self.rate.on_rtt(i, rtt, srtt, now) {
+                    self.paths[i].stats.cwnd_cuts += 1;
+                    self.counters.cwnd_cuts += 1;
+                }
             }
         }
         if self.paths[i].tail_probe_ts == Some(ack.ts_echo) {

@@ -6,10 +6,17 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     Connection<P, W, S, Q, R>
 {
     /// Reports an ACK of path `i` to the rate controller (packets newly acknowledged, whether
-    /// it carried marks) and counts a cut of the path's window. The controller's notion of "once
+    /// it carried marks, the receiver's rate hint) and counts a cut of the path's window. The controller's notion of "once
     /// per RTT" is the path's smoothed RTT once there is a sample (it may round to 0 on a local
     /// link), `rto_low` before.
-    pub(super) fn congestion(&mut self, i: usize, now: Instant, marked: bool, acked: u32) {
+    pub(super) fn congestion(
+        &mut self,
+        i: usize,
+        now: Instant,
+        marked: bool,
+        acked: u32,
+        hint_mbps: u32,
+    ) {
         let p = &self.paths[i];
         let srtt = if p.stats.rtt_min > 0 {
             p.srtt
@@ -21,6 +28,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             marked,
             srtt,
             now,
+            hint_mbps,
         };
         if self.rate.on_ack(i, report) {
             self.paths[i].stats.cwnd_cuts += 1;

@@ -64,6 +64,9 @@ pub struct Config {
     pub rnr_delay: u64,
     /// Wait for the requester's confirmation of a refusal before sending its NACK again.
     pub refusal_resend: u64,
+    /// The rate controller (`crate::rate`): ECN AIMD per path by default.
+    #[cfg_attr(feature = "defmt", defmt(Debug2Format))]
+    pub cc: crate::rate::Algorithm,
     /// What the ICRC of each datagram is: computed and checked (RoCEv2, the default), computed
     /// but not checked (a NIC already checked it), or absent by agreement of two software ends
     /// (docs/PROTOCOL.md 4.1).
@@ -135,6 +138,7 @@ impl Config {
             rnr_delay: 50_000,
             refusal_resend: 50_000,
             icrc: IcrcMode::Full,
+            cc: crate::rate::Algorithm::EcnAimd,
             icrc_engine: icrc::Engine::BuiltIn,
         }
     }

@@ -62,7 +62,7 @@ pub use crc::compute_icrc;
 pub use runner::{Applied, FlatMemory, Memory};
 
 use crate::icrc;
-use crate::rate::{AckReport, Algorithm, RateControl};
+use crate::rate::{AckReport, RateControl};
 use crate::wire::metaroce::{
     MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr, NackReason, PiggyAck, SACK_BITS,
 };
@@ -159,6 +159,8 @@ pub struct Connection<
     icrc_rx: IcrcPrefixes,
     /// The paths' windows: only the controller changes them (`cc`).
     rate: RateControl<P>,
+    /// The fair share this end's ACKs give the peer, Mb/s (0: none): the runner's to set.
+    hint_out: u32,
     /// When a datagram of this connection last passed the checks (from any path).
     last_heard: Instant,
 }
@@ -255,7 +257,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             events_lost: 0,
             icrc_tx: IcrcPrefixes::default(),
             icrc_rx: IcrcPrefixes::default(),
-            rate: RateControl::new(Algorithm::EcnAimd, cfg.window_per_path),
+            rate: RateControl::new(cfg.cc, cfg.window_per_path),
+            hint_out: 0,
             last_heard: 0,
             cfg,
         }
@@ -269,6 +272,33 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// Connection-wide counters.
     pub fn counters(&self) -> &Counters {
         &self.counters
+    }
+
+    /// The fair share (Mb/s, 0 for none) this end's ACKs give the peer from now on: the runner
+    /// computes it for all the connections sending to it (`crate::rate::FairShare`).
+    pub fn set_rate_hint(&mut self, mbps: u32) {
+        self.hint_out = mbps;
+    }
+
+    /// A congestion notification packet for this connection arrived (RoCEv2 mode, DCQCN).
+    /// Returns whether it cut the rate.
+    pub fn handle_cnp(&mut self, now: Instant) -> bool {
+        let cut = self.rate.on_cnp(now);
+        if cut {
+            self.counters.cwnd_cuts += 1;
+        }
+        cut
+    }
+
+    /// The rate the connection may send at, Mb/s (0: no limit), its window in packets, and the
+    /// last rate hint the peer's ACKs carried (Mb/s, 0: none).
+    pub fn rate_status(&self) -> RateStatus {
+        RateStatus {
+            rate_mbps: self.rate.rate_mbps(),
+            connection_window: self.rate.connection_window(),
+            hint_received_mbps: self.rate.hint_mbps(),
+            hint_sent_mbps: self.hint_out,
+        }
     }
 
     /// The runner sends path `path`'s datagrams from UDP source port `port` instead of the one

@@ -100,7 +100,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             cum_seq: rx.sack.cumulative().0,
             ts_echo: rx.ts,
             ack_delay: now.saturating_sub(rx.ts_at).min(u64::from(u32::MAX)) as u32,
-            rate_hint: 0,
+            rate_hint: self.hint_out,
             sack: rx.sack.to_wire(),
         };
         self.acks.sent(i);
@@ -270,6 +270,15 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             let p = &self.paths[last];
             if p.state == PathState::Active && p.stats.sent > 0 {
                 return Some(last);
+            }
+        }
+        if self.rate.limits_connection() {
+            let in_flight: u32 = self.paths[..n]
+                .iter()
+                .map(|p| p.next_seq.diff(p.una) as u32)
+                .sum();
+            if in_flight >= self.rate.connection_window() {
+                return None;
             }
         }
         let mut fallback = None;

@@ -162,6 +162,20 @@ pub struct Transmit {
     pub len: usize,
 }
 
+/// The rate controller's outputs, as a runner reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct RateStatus {
+    /// The rate the connection may send at, Mb/s (0: no limit).
+    pub rate_mbps: u32,
+    /// The connection's window, packets.
+    pub connection_window: u32,
+    /// The last rate hint the peer's ACKs carried, Mb/s (0: none).
+    pub hint_received_mbps: u32,
+    /// The rate hint this end's ACKs carry, Mb/s (0: none).
+    pub hint_sent_mbps: u32,
+}
+
 /// What the runner does with an arrived datagram.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]

@@ -55,6 +55,7 @@ mod tests {
             marked,
             srtt: 10_000,
             now,
+            hint_mbps: 0,
         }
     }
 

@@ -1,15 +1,28 @@
-//! Rate control: the windows a connection may fill, as pure state machines.
+//! Rate control: the windows and the rate a connection may send at, as pure state machines.
 //!
-//! The connection reports what it learns (an ACK with the packets it acknowledged and whether it
-//! carried ECN marks, the path's smoothed RTT, a loss, a timeout) and asks for each path's window;
-//! nothing else in the connection touches a window. A controller holds no references and does no
-//! I/O: the same inputs give the same outputs. Integer state only (windows in 1/256 of a packet),
-//! so that a hardware pipeline can mirror it bit for bit. Controllers are chosen by enum, without
-//! allocation: today's ECN AIMD per path ([`Algorithm::EcnAimd`]) is the one built.
+//! One interface for the connection, the simulator and a C ABI. Inputs are plain values: an
+//! ACK (the path it came on, the packets it acknowledged for the first time, whether it reported
+//! ECN marks, the receiver's rate hint), an RTT sample, a loss, a timeout, a CNP, bytes sent, and
+//! always the time. Outputs are plain values: each path's window, the connection's window, the
+//! rate, and the departure time of the next packet. A controller holds no references and does no
+//! I/O: the same inputs give the same outputs. Integer and fixed-point arithmetic only, every unit
+//! named (windows in 1/256 packet, rates in Mb/s, time in ns, fractions in 1/1024), so that a
+//! hardware pipeline can mirror each controller bit for bit. Controllers are chosen by enum,
+//! without allocation. docs/CONGESTION.md gives each one's equations, parameters and sources.
 
 mod aimd;
+mod dcqcn;
+mod fair_share;
+mod pacer;
+mod swift;
+mod timely;
 
 pub use aimd::PathAimd;
+pub use dcqcn::{CnpGate, Dcqcn, DcqcnParams, ALPHA_ONE};
+pub use fair_share::{max_min_share, FairShare, FairShareError};
+pub use pacer::{serialisation_ns, Pacer};
+pub use swift::{Swift, SwiftParams};
+pub use timely::{Timely, TimelyParams};
 
 /// One packet in the controllers' window units (windows are kept in 1/256 of a packet).
 pub const ONE_PACKET: u32 = 256;
@@ -23,6 +36,16 @@ pub enum Algorithm {
     /// acknowledged, up to the configured window. Loss alone does not shrink a window.
     #[default]
     EcnAimd,
+    /// MetaRoCE: ECN AIMD on each path's window and on the connection's (a mark trims the path
+    /// that saw it and the connection, each at most once per RTT), and a rate no higher than the
+    /// receiver's hint.
+    MetaRoce,
+    /// DCQCN's reaction point: a rate cut by CNPs and recovered by a timer and a byte counter.
+    Dcqcn(DcqcnParams),
+    /// Timely: a rate that follows the RTT gradient.
+    Timely(TimelyParams),
+    /// Swift: the connection's window against a target delay.
+    Swift(SwiftParams),
 }
 
 /// What an ACK told the sender about path `path`.
@@ -32,30 +55,62 @@ pub struct AckReport {
     pub acked: u32,
     /// Whether it reported CE marks (or an ECN echo).
     pub marked: bool,
-    /// The path's smoothed RTT, ns (the controller's notion of "once per RTT").
+    /// The path's smoothed RTT, ns (the controllers' notion of "once per RTT").
     pub srtt: u64,
     /// When it arrived, ns.
     pub now: u64,
+    /// The receiver's fair share for this sender, Mb/s (0: none).
+    pub hint_mbps: u32,
 }
 
-/// The windows of a connection's `P` paths under one controller.
+/// The rate-based controllers' state.
+#[derive(Debug, Clone, Copy)]
+enum RateState {
+    None,
+    Dcqcn(Dcqcn),
+    Timely(Timely),
+    Swift(Swift),
+}
+
+/// The windows and rate of a connection's `P` paths under one controller.
 #[derive(Debug, Clone)]
 pub struct RateControl<const P: usize> {
     algorithm: Algorithm,
     /// The largest window of a path, packets.
     max_window: u32,
     paths: [PathAimd; P],
+    /// The connection's window (MetaRoCE), 1/256 packet.
+    conn: PathAimd,
+    rate: RateState,
+    /// The last rate hint an ACK carried, Mb/s (0: none).
+    hint_mbps: u32,
+    pacer: Pacer,
 }
 
 impl<const P: usize> RateControl<P> {
-    /// Every path starts at `max_window` packets (at least one).
+    /// Every path starts at `max_window` packets (at least one), the connection at `P` times
+    /// that, a rate-based controller at its line rate.
     pub fn new(algorithm: Algorithm, max_window: u32) -> Self {
         let max_window = max_window.max(1);
+        let rate = match algorithm {
+            Algorithm::Dcqcn(p) => RateState::Dcqcn(Dcqcn::new(p, 0)),
+            Algorithm::Timely(p) => RateState::Timely(Timely::new(p)),
+            Algorithm::Swift(p) => RateState::Swift(Swift::new(p)),
+            Algorithm::EcnAimd | Algorithm::MetaRoce => RateState::None,
+        };
         RateControl {
             algorithm,
             max_window,
             paths: [PathAimd::new(max_window); P],
+            conn: PathAimd::new(Self::conn_max(max_window)),
+            rate,
+            hint_mbps: 0,
+            pacer: Pacer::default(),
         }
+    }
+
+    fn conn_max(max_window: u32) -> u32 {
+        max_window.saturating_mul(P.max(1) as u32)
     }
 
     /// The controller.
@@ -63,29 +118,133 @@ impl<const P: usize> RateControl<P> {
         self.algorithm
     }
 
-    /// An ACK of path `path`. Returns whether it cut the path's window.
+    /// An ACK of path `path`. Returns whether it cut the path's window (or the connection's
+    /// window or rate, for controllers without path windows).
     pub fn on_ack(&mut self, path: usize, ack: AckReport) -> bool {
         let max = self.max_window;
-        match (self.algorithm, self.paths.get_mut(path)) {
-            (Algorithm::EcnAimd, Some(p)) => p.on_ack(ack, max),
-            (_, None) => false,
+        if ack.hint_mbps != 0 {
+            self.hint_mbps = ack.hint_mbps;
+        }
+        match self.algorithm {
+            Algorithm::EcnAimd => self.paths.get_mut(path).is_some_and(|p| p.on_ack(ack, max)),
+            Algorithm::MetaRoce => {
+                let Some(p) = self.paths.get_mut(path) else {
+                    return false;
+                };
+                let cut = p.on_ack(ack, max);
+                self.conn.on_ack(ack, Self::conn_max(max)) || cut
+            }
+            Algorithm::Dcqcn(_) | Algorithm::Timely(_) => false,
+            Algorithm::Swift(_) => {
+                // Swift acts on delay: its ACKs come through `on_rtt`.
+                false
+            }
         }
     }
 
-    /// Path `path` lost a packet. ECN AIMD does not react: the fabric is lossy by design.
+    /// An RTT sample of path `path` (ns) at `now`, for the delay-based controllers: Timely's
+    /// gradient, Swift's delay against its target (as one hop; a fabric that reports hops would
+    /// pass them). Returns whether it cut the rate or the window.
+    pub fn on_rtt(&mut self, path: usize, rtt_ns: u64, srtt_ns: u64, now: u64) -> bool {
+        let _ = path;
+        match &mut self.rate {
+            RateState::Timely(t) => {
+                let before = t.rate_mbps();
+                t.on_rtt(rtt_ns);
+                t.rate_mbps() < before
+            }
+            RateState::Swift(s) => s.on_ack(now, 1, rtt_ns, 1, srtt_ns.max(rtt_ns)),
+            RateState::None | RateState::Dcqcn(_) => false,
+        }
+    }
+
+    /// A congestion notification packet arrived (RoCEv2 mode). Returns whether it cut the rate.
+    pub fn on_cnp(&mut self, now: u64) -> bool {
+        match &mut self.rate {
+            RateState::Dcqcn(d) => d.on_cnp(now),
+            _ => false,
+        }
+    }
+
+    /// `bytes` left at `now` (DCQCN's byte counter and timers).
+    pub fn on_sent(&mut self, now: u64, bytes: u64) {
+        if let RateState::Dcqcn(d) = &mut self.rate {
+            d.on_sent(now, bytes);
+        }
+    }
+
+    /// Path `path` lost a packet. The ECN controllers do not react: the fabric is lossy by
+    /// design, and a loss is repaired, not read as congestion.
     pub fn on_loss(&mut self, path: usize, _now: u64) {
         let _ = path;
     }
 
-    /// Path `path` timed out. ECN AIMD does not react: timeouts lead to probes and failover.
+    /// Path `path` timed out. Swift's window falls to its minimum; the others do not react
+    /// (timeouts lead to probes and failover).
     pub fn on_timeout(&mut self, path: usize, _now: u64) {
         let _ = path;
+        if let RateState::Swift(s) = &mut self.rate {
+            s.on_timeout();
+        }
     }
 
     /// Path `path`'s window, whole packets (at least one).
     pub fn window(&self, path: usize) -> u32 {
-        self.paths
-            .get(path)
-            .map_or(1, |p| (p.window() / ONE_PACKET).max(1))
+        match self.algorithm {
+            Algorithm::EcnAimd | Algorithm::MetaRoce => self
+                .paths
+                .get(path)
+                .map_or(1, |p| (p.window() / ONE_PACKET).max(1)),
+            _ => self.max_window,
+        }
+    }
+
+    /// Whether the connection's window can be smaller than the sum of its paths' (MetaRoCE,
+    /// Swift): only then does the connection count what all its paths have in flight.
+    pub fn limits_connection(&self) -> bool {
+        matches!(self.algorithm, Algorithm::MetaRoce | Algorithm::Swift(_))
+    }
+
+    /// The connection's window, whole packets (at least one): the sum of what its paths may
+    /// have in flight that it allows.
+    pub fn connection_window(&self) -> u32 {
+        let w = match (&self.algorithm, &self.rate) {
+            (Algorithm::MetaRoce, _) => self.conn.window(),
+            (_, RateState::Swift(s)) => s.cwnd(),
+            _ => Self::conn_max(self.max_window).saturating_mul(ONE_PACKET),
+        };
+        (w / ONE_PACKET).max(1)
+    }
+
+    /// The rate the connection may send at, Mb/s (0: no limit): the controller's rate, and with
+    /// MetaRoCE the receiver's hint.
+    pub fn rate_mbps(&self) -> u32 {
+        let own = match &self.rate {
+            RateState::Dcqcn(d) => d.rate_mbps(),
+            RateState::Timely(t) => t.rate_mbps(),
+            RateState::Swift(_) | RateState::None => 0,
+        };
+        let hint = if self.algorithm == Algorithm::MetaRoce {
+            self.hint_mbps
+        } else {
+            0
+        };
+        match (own, hint) {
+            (0, h) => h,
+            (r, 0) => r,
+            (r, h) => r.min(h),
+        }
+    }
+
+    /// The last rate hint an ACK carried, Mb/s (0: none).
+    pub fn hint_mbps(&self) -> u32 {
+        self.hint_mbps
+    }
+
+    /// When a packet of `bytes` ready at `now` may leave at the current rate (with a burst of
+    /// `burst_bytes` after idleness); the pacer books it.
+    pub fn departure(&mut self, now: u64, bytes: u64, burst_bytes: u64) -> u64 {
+        let rate = self.rate_mbps();
+        self.pacer.depart(now, bytes, rate, burst_bytes)
     }
 }
