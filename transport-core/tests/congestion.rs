@@ -144,3 +144,80 @@ fn the_window_grows_back_once_marks_stop() {
     );
     assert_eq!(s0.cwnd_cuts, 4, "no cut without marks");
 }
+
+fn pair_with(cc: transport_core::rate::Algorithm) -> Pair {
+    let cfg = |l, r| {
+        let mut c = common::config(l, r);
+        c.cc = cc;
+        c
+    };
+    let mut p = Pair::with_configs(cfg(1, 2), cfg(2, 1));
+    p.b.conn
+        .register(transport_core::conn::Region {
+            key: KEY,
+            base: BASE,
+            len: MEM as u64,
+            access: transport_core::conn::Access::REMOTE_WRITE,
+        })
+        .unwrap();
+    p
+}
+
+#[test]
+fn metaroce_marks_trim_the_path_that_saw_them_and_the_connection() {
+    let mut p = pair_with(transport_core::rate::Algorithm::MetaRoce);
+    let max = p.a.conn.config().window_per_path;
+    assert_eq!(p.a.conn.rate_status().connection_window, 4 * max);
+    let marked = p.a.conn.path_stats(0).unwrap().src_port;
+    p.ce_ports.push(marked);
+    transfer(&mut p, 1);
+    let s0 = p.a.conn.path_stats(0).unwrap();
+    assert!(s0.cwnd < max && s0.cwnd_cuts > 0, "{s0:?}");
+    let conn = p.a.conn.rate_status().connection_window;
+    assert!(
+        conn < 4 * max,
+        "the connection window was trimmed too: {conn}"
+    );
+    // The clear paths keep their own windows; the connection's bounds what they may carry.
+    for i in 1..4 {
+        assert_eq!(p.a.conn.path_stats(i).unwrap().cwnd, max, "path {i}");
+    }
+    // Without marks the connection window grows back.
+    p.ce_ports.clear();
+    for id in 2..12 {
+        transfer(&mut p, id);
+    }
+    assert!(p.a.conn.rate_status().connection_window > conn);
+}
+
+#[test]
+fn the_receivers_hint_rides_in_every_ack_and_caps_a_metaroce_senders_rate() {
+    let mut p = pair_with(transport_core::rate::Algorithm::MetaRoce);
+    assert_eq!(
+        p.a.conn.rate_status().rate_mbps,
+        0,
+        "no limit before any hint"
+    );
+    p.b.conn.set_rate_hint(6_250);
+    transfer(&mut p, 1);
+    let s = p.a.conn.rate_status();
+    assert_eq!((s.hint_received_mbps, s.rate_mbps), (6_250, 6_250));
+    assert_eq!(p.b.conn.rate_status().hint_sent_mbps, 6_250);
+    // Under ECN AIMD alone the hint is reported but does not limit.
+    let mut q = pair_with(transport_core::rate::Algorithm::EcnAimd);
+    q.b.conn.set_rate_hint(6_250);
+    transfer(&mut q, 1);
+    let s = q.a.conn.rate_status();
+    assert_eq!((s.hint_received_mbps, s.rate_mbps), (6_250, 0));
+}
+
+#[test]
+fn a_cnp_cuts_a_dcqcn_senders_rate() {
+    let params = transport_core::rate::DcqcnParams::vendor(100_000);
+    let mut p = pair_with(transport_core::rate::Algorithm::Dcqcn(params));
+    assert_eq!(p.a.conn.rate_status().rate_mbps, 100_000);
+    assert!(p.a.conn.handle_cnp(10_000));
+    assert_eq!(p.a.conn.rate_status().rate_mbps, 100_000 * 513 / 1024);
+    assert!(!p.a.conn.handle_cnp(12_000), "within the monitor period");
+    assert_eq!(p.a.conn.counters().cwnd_cuts, 1);
+}
