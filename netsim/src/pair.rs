@@ -99,15 +99,22 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// A pair whose B grants all of its memory for remote Writes under `key`.
     pub fn granting_writes(key: u32) -> Self {
         let mut p = Self::new();
-        p.b.conn
+        p.grant_writes(key);
+        p
+    }
+
+    /// B grants all of its memory for remote Writes under `key`.
+    pub fn grant_writes(&mut self, key: u32) {
+        let len = self.b.mem.len() as u64;
+        self.b
+            .conn
             .register(Region {
                 key,
                 base: BASE,
-                len: MEM as u64,
+                len,
                 access: Access::REMOTE_WRITE,
             })
             .expect("a fresh connection takes a region");
-        p
     }
 
     /// A pair whose sides A (address 1) and B (address 2) run these configurations.

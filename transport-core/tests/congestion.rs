@@ -152,14 +152,7 @@ fn pair_with(cc: transport_core::rate::Algorithm) -> Pair {
         c
     };
     let mut p = Pair::with_configs(cfg(1, 2), cfg(2, 1));
-    p.b.conn
-        .register(transport_core::conn::Region {
-            key: KEY,
-            base: BASE,
-            len: MEM as u64,
-            access: transport_core::conn::Access::REMOTE_WRITE,
-        })
-        .unwrap();
+    p.grant_writes(KEY);
     p
 }
 

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{config, write_at, Pair, BASE, MEM};
+use common::{config, write_at, Pair};
 use transport_core::conn::{compute_icrc, Config, DropReason, Event, IcrcMode, Status};
 
 const KEY: u32 = 7;
@@ -14,14 +14,7 @@ fn pair(a: IcrcMode, b: IcrcMode) -> Pair {
         c
     };
     let mut p = Pair::with_configs(with(config(1, 2), a), with(config(2, 1), b));
-    p.b.conn
-        .register(transport_core::conn::Region {
-            key: KEY,
-            base: BASE,
-            len: MEM as u64,
-            access: transport_core::conn::Access::REMOTE_WRITE,
-        })
-        .unwrap();
+    p.grant_writes(KEY);
     p
 }
 
