@@ -214,3 +214,35 @@ fn a_cnp_cuts_a_dcqcn_senders_rate() {
     assert!(!p.a.conn.handle_cnp(12_000), "within the monitor period");
     assert_eq!(p.a.conn.counters().cwnd_cuts, 1);
 }
+
+#[test]
+fn a_metaroce_sender_paces_to_the_receivers_hint() {
+    // B's hint: 1000 Mb/s. A Write of 512 KiB in packets of 1024 bytes (about 1100 bytes each on
+    // the wire) then takes about 4.6 ms instead of the few hundred microseconds of an unpaced one.
+    let mut p = pair_with(transport_core::rate::Algorithm::MetaRoce);
+    p.b.conn.set_rate_hint(1_000);
+    // A first small Write brings the hint over.
+    p.a.conn
+        .post(p.now, common::write_at(1, 0, 1024, KEY))
+        .unwrap();
+    settle_over_delay(&mut p, DELAY);
+    assert_eq!(p.a.conn.rate_status().rate_mbps, 1_000);
+    let start = p.now;
+    transfer(&mut p, 2);
+    let took = p.now - start;
+    let bytes = u64::from(LEN) * 1100 / 1024;
+    let at_rate = bytes * 8 * 1_000 / 1_000; // ns at 1000 Mb/s
+    assert!(
+        took >= at_rate * 9 / 10 && took <= at_rate * 12 / 10,
+        "took {took} ns, {at_rate} ns at the hinted rate"
+    );
+    // Unpaced (no hint), the same transfer is many times faster.
+    let mut q = pair_with(transport_core::rate::Algorithm::MetaRoce);
+    let start = q.now;
+    transfer(&mut q, 1);
+    assert!(
+        (q.now - start) * 4 < took,
+        "{} against {took}",
+        q.now - start
+    );
+}

@@ -161,6 +161,8 @@ pub struct Connection<
     rate: RateControl<P>,
     /// The fair share this end's ACKs give the peer, Mb/s (0: none): the runner's to set.
     hint_out: u32,
+    /// When a paced connection may send its next data packet (held back until then).
+    pace_at: Option<Instant>,
     /// When a datagram of this connection last passed the checks (from any path).
     last_heard: Instant,
 }
@@ -259,6 +261,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             icrc_rx: IcrcPrefixes::default(),
             rate: RateControl::new(cfg.cc, cfg.window_per_path),
             hint_out: 0,
+            pace_at: None,
             last_heard: 0,
             cfg,
         }

@@ -13,6 +13,8 @@ enum Timer {
     Probe(usize),
     /// A path's delayed ACK.
     Ack(usize),
+    /// The pacer lets the next data packet go.
+    Pace,
     /// The oldest packet the peer saw but never accepted.
     Unaccepted,
     /// A packet held back after a receiver-not-ready NACK may go again.
@@ -74,6 +76,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             Timer::RetransmitWake => self.retx_wake,
             Timer::Overdue(i) => self.overdue_at(i),
             Timer::Refusal => self.refusals.next_due(),
+            Timer::Pace => self.pace_at,
         }
     }
 
@@ -91,6 +94,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             Timer::Unaccepted,
             Timer::RetransmitWake,
             Timer::Refusal,
+            Timer::Pace,
         ] {
             at(timer);
         }
@@ -126,6 +130,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         self.detect_overdue(now);
         if due(self, Timer::RetransmitWake) {
             self.retx_wake = None;
+        }
+        if due(self, Timer::Pace) {
+            // The runner asks for data again now.
+            self.pace_at = None;
         }
         if self.refusals.due(now).is_some() {
             self.control_dirty = true;

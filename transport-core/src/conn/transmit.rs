@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// What a paced connection may send at once after idleness: one GSO batch of a host runner.
+pub(super) const PACE_BURST: u64 = 64 * 1024;
+
 impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: usize>
     Connection<P, W, S, Q, R>
 {
@@ -42,10 +45,33 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if buf.len() < self.cfg.mtu as usize + 128 {
             return None;
         }
+        if self.rate.paced() {
+            return self.transmit_paced(now, buf);
+        }
         if let Some(t) = self.transmit_retx(now, buf) {
             return Some(t);
         }
         self.transmit_new(now, buf)
+    }
+
+    /// The data of a rate-limited connection (a rate controller, or the receiver's hint): held
+    /// back until the pacer's departure time, which `poll_timeout` then reports.
+    #[inline(never)]
+    fn transmit_paced(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        let full = u64::from(self.cfg.mtu) + 64;
+        if let Some(at) = self.rate.next_departure(now, full, PACE_BURST) {
+            if at > now {
+                self.pace_at = Some(at);
+                return None;
+            }
+        }
+        self.pace_at = None;
+        let t = match self.transmit_retx(now, buf) {
+            Some(t) => t,
+            None => self.transmit_new(now, buf)?,
+        };
+        self.rate.on_departure(now, t.len as u64, PACE_BURST);
+        Some(t)
     }
 
     pub(super) fn bth(&self, opcode: Opcode, psn: Psn, pad: u8, ack_req: bool) -> BthRepr {

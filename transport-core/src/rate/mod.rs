@@ -236,6 +236,17 @@ impl<const P: usize> RateControl<P> {
         }
     }
 
+    /// Whether a rate may limit this connection (a rate-based controller, or MetaRoCE once a
+    /// hint has arrived): the per-packet pacing work is skipped otherwise.
+    #[inline(always)]
+    pub fn paced(&self) -> bool {
+        match self.rate {
+            RateState::Dcqcn(_) | RateState::Timely(_) => true,
+            RateState::Swift(_) => false,
+            RateState::None => self.hint_mbps != 0 && self.algorithm == Algorithm::MetaRoce,
+        }
+    }
+
     /// The last rate hint an ACK carried, Mb/s (0: none).
     pub fn hint_mbps(&self) -> u32 {
         self.hint_mbps
@@ -246,5 +257,39 @@ impl<const P: usize> RateControl<P> {
     pub fn departure(&mut self, now: u64, bytes: u64, burst_bytes: u64) -> u64 {
         let rate = self.rate_mbps();
         self.pacer.depart(now, bytes, rate, burst_bytes)
+    }
+
+    /// When a packet of `bytes` ready at `now` may leave (the pacer books nothing): `None` while
+    /// the rate is unlimited.
+    #[inline]
+    pub fn next_departure(&self, now: u64, bytes: u64, burst_bytes: u64) -> Option<u64> {
+        if !self.paced() {
+            return None;
+        }
+        let rate = self.rate_mbps();
+        if rate == 0 {
+            return None;
+        }
+        let credit = serialisation_ns(burst_bytes.saturating_sub(bytes), rate);
+        Some(
+            self.pacer
+                .next_free()
+                .max(now.saturating_sub(credit))
+                .max(now),
+        )
+    }
+
+    /// A data packet of `bytes` left at `now`: the pacer books it (at a limited rate) and DCQCN's
+    /// byte counter counts it.
+    #[inline]
+    pub fn on_departure(&mut self, now: u64, bytes: u64, burst_bytes: u64) {
+        if !self.paced() {
+            return;
+        }
+        let rate = self.rate_mbps();
+        if rate != 0 {
+            self.pacer.depart(now, bytes, rate, burst_bytes);
+        }
+        self.on_sent(now, bytes);
     }
 }
