@@ -9,6 +9,23 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+/// The rate controllers by the names the exchange uses (`perf::Cc::name`).
+fn cc_parser() -> impl clap::builder::TypedValueParser<Value = perf::Cc> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(perf::Cc::ALL.map(perf::Cc::name))
+        .map(|s| perf::Cc::from_name(&s).unwrap_or_default())
+}
+
+/// A line rate in Gb/s, as Mb/s.
+fn parse_gbps(s: &str) -> Result<u32, String> {
+    match s.trim().parse::<f64>() {
+        Ok(g) if g > 0.0 && g <= 4_000.0 => Ok((g * 1000.0).round() as u32),
+        _ => Err(format!(
+            "{s:?} is not a line rate (Gb/s, above 0 and at most 4000)"
+        )),
+    }
+}
+
 /// The backends by the names the exchange uses (`perf::Transport::name`).
 fn transport_parser() -> impl clap::builder::TypedValueParser<Value = perf::Transport> {
     use clap::builder::TypedValueParser;
@@ -98,6 +115,15 @@ pub struct PerfArgs {
     /// ICRC check and an older metaroce server reject such datagrams.
     #[arg(long)]
     pub no_icrc: bool,
+    /// UDP transport: the rate controller, on both ends (the server takes the client's choice;
+    /// docs/CONGESTION.md). metaroce paces to the receiver's hint (see --line-rate).
+    #[arg(long, value_parser = cc_parser(), default_value = "ecn-aimd")]
+    pub cc: perf::Cc,
+    /// UDP transport: this end's line rate, Gb/s. On the receiving end, every ACK then carries
+    /// each sender's max-min share of it (the rate hint a metaroce sender paces to); the
+    /// rate-based controllers (dcqcn, timely) start from it (100 Gb/s when not given).
+    #[arg(long, value_name = "GBPS", value_parser = parse_gbps)]
+    pub line_rate: Option<u32>,
     /// UDP transport: no UDP GSO (one datagram per message of a send call).
     #[arg(long)]
     pub no_gso: bool,
@@ -178,6 +204,8 @@ fn config(test: Test, a: &PerfArgs) -> Result<PerfConfig, String> {
     c.mtu = a.mtu;
     c.paths = a.paths;
     c.window = a.window;
+    c.cc = a.cc;
+    c.line_rate_mbps = a.line_rate.unwrap_or(0);
     if a.no_icrc {
         c.icrc = host_ibverbs::udp::IcrcMode::Off;
     }

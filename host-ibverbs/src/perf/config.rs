@@ -2,6 +2,70 @@
 
 use super::*;
 
+/// The rate controller a test runs (`--cc`; docs/CONGESTION.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Cc {
+    /// ECN AIMD on each path's window (the default).
+    #[default]
+    EcnAimd,
+    /// MetaRoCE: path and connection windows, and the receiver's rate hint.
+    MetaRoce,
+    /// DCQCN with ConnectX firmware defaults.
+    Dcqcn,
+    /// DCQCN with the paper's parameters.
+    DcqcnPaper,
+    /// Timely.
+    Timely,
+    /// Swift.
+    Swift,
+}
+
+impl Cc {
+    /// Every controller, by the name the command line and the exchange use.
+    pub const ALL: [Cc; 6] = [
+        Cc::EcnAimd,
+        Cc::MetaRoce,
+        Cc::Dcqcn,
+        Cc::DcqcnPaper,
+        Cc::Timely,
+        Cc::Swift,
+    ];
+
+    /// The name the command line and the exchange use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Cc::EcnAimd => "ecn-aimd",
+            Cc::MetaRoce => "metaroce",
+            Cc::Dcqcn => "dcqcn",
+            Cc::DcqcnPaper => "dcqcn-paper",
+            Cc::Timely => "timely",
+            Cc::Swift => "swift",
+        }
+    }
+
+    /// The controller named `s`.
+    pub fn from_name(s: &str) -> Option<Cc> {
+        Cc::ALL.into_iter().find(|c| c.name() == s)
+    }
+
+    /// The core's controller at line rate `line_mbps` (the rate-based ones start there) and a
+    /// window of `window` packets per path.
+    pub fn algorithm(self, line_mbps: u32, window: u32) -> transport_core::rate::Algorithm {
+        use transport_core::rate::{Algorithm, DcqcnParams, SwiftParams, TimelyParams};
+        match self {
+            Cc::EcnAimd => Algorithm::EcnAimd,
+            Cc::MetaRoce => Algorithm::MetaRoce,
+            Cc::Dcqcn => Algorithm::Dcqcn(DcqcnParams::vendor(line_mbps)),
+            Cc::DcqcnPaper => Algorithm::Dcqcn(DcqcnParams::paper(line_mbps)),
+            Cc::Timely => Algorithm::Timely(TimelyParams::paper(line_mbps)),
+            Cc::Swift => Algorithm::Swift(SwiftParams::htsim(window)),
+        }
+    }
+}
+
+/// The line rate the rate-based controllers start from when `--line-rate` is not given, Mb/s.
+pub const DEFAULT_LINE_MBPS: u32 = 100_000;
+
 /// Which test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Test {
@@ -80,6 +144,11 @@ pub struct PerfConfig {
     pub mtu: Option<u32>,
     /// Packets in flight per path.
     pub window: u32,
+    /// UDP transport: the rate controller, for both ends (the client's choice is the server's).
+    pub cc: Cc,
+    /// UDP transport: this end's line rate, Mb/s (0: not given). A receiver gives each sender
+    /// its max-min share of it in every ACK; a rate-based controller starts from it.
+    pub line_rate_mbps: u32,
     /// UDP transport: the ICRC of the data path, for both ends (the client's choice is the
     /// server's): computed and checked (the default), or neither (`--no-icrc`).
     pub icrc: udp::IcrcMode,
@@ -148,6 +217,8 @@ impl PerfConfig {
             mtu: None,
             window: udp::DEFAULT_WINDOW,
             icrc: udp::IcrcMode::Full,
+            cc: Cc::EcnAimd,
+            line_rate_mbps: 0,
             tx_depth: 128,
             all_sizes: false,
             busy_poll: false,
@@ -250,6 +321,11 @@ pub(super) fn validate(cfg: &PerfConfig) -> Result<(), PerfError> {
     if cfg.icrc != udp::IcrcMode::Full && cfg.transport != Transport::Udp {
         return Err(PerfError::Invalid(
             "--no-icrc applies to the UDP transport (a RoCE NIC always sends and checks it)".into(),
+        ));
+    }
+    if cfg.cc != Cc::EcnAimd && cfg.transport != Transport::Udp {
+        return Err(PerfError::Invalid(
+            "--cc applies to the UDP transport (a RoCE NIC runs its own)".into(),
         ));
     }
     if cfg.icrc == udp::IcrcMode::SendOnly {

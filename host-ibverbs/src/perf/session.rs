@@ -103,6 +103,7 @@ pub(super) fn run_client_one(
         .with("paths", cfg.paths)
         .with("window", cfg.window)
         .with("icrc", icrc_name(cfg.icrc))
+        .with("cc", cfg.cc.name())
         .with("busy", u8::from(cfg.busy_poll))
         .with("workers", workers)
         .with("session", session);
@@ -327,6 +328,10 @@ pub(super) fn session_config(
     mine.qps = hello.get("qps")?;
     mine.paths = hello.get("paths")?;
     mine.window = hello.get("window")?;
+    // A client from before the field existed runs ECN AIMD.
+    let cc = hello.text("cc").unwrap_or("ecn-aimd");
+    mine.cc = Cc::from_name(cc)
+        .ok_or_else(|| PerfError::Mismatch(format!("unknown rate controller {cc:?}")))?;
     // A client from before the field existed sends and checks the ICRC.
     mine.icrc = match hello.text("icrc").unwrap_or("full") {
         "full" => udp::IcrcMode::Full,

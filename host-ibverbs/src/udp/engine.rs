@@ -106,7 +106,14 @@ pub(crate) struct QpState {
     pub conn: Option<Box<Conn>>,
     pub peer: Option<SocketAddr>,
     pub pending: Requests,
+    /// When data for this queue pair last arrived (its sender counts in the fair share).
+    pub data_at: Option<u64>,
 }
+
+/// How often the receiver's fair shares are computed again. ns.
+const SHARE_PERIOD_NS: u64 = 50_000;
+/// A sender not heard from for this long gives its share back (a few host round trips). ns.
+pub(crate) const SHARE_IDLE_NS: u64 = 500_000;
 
 /// A round that starts this much later than the engine asked to run means this host did not
 /// give it the CPU (half the host transport's shortest retransmission timeout).
@@ -170,6 +177,11 @@ pub(crate) struct Engine {
     /// Keepalives released inside the engine, dropped by the caller after the engine is
     /// released (their drop may deregister memory, which needs the engine).
     pub release: Vec<Keepalive>,
+    /// The receiver's fair share of its line rate among the connections sending to it, when a
+    /// line rate is configured.
+    pub fair: Option<transport_core::rate::FairShare<QUEUE>>,
+    /// When the fair shares are next computed.
+    share_at: u64,
 }
 
 impl Engine {
@@ -211,6 +223,8 @@ impl Engine {
             batch,
             busy_poll,
             release: Vec::new(),
+            fair: None,
+            share_at: 0,
         }
     }
 
@@ -256,6 +270,9 @@ impl Engine {
         self.clock_floor = self.clock_floor.max(now);
         if self.deadline_stale {
             self.refresh_deadline();
+        }
+        if self.fair.is_some() && now >= self.share_at {
+            self.share(now);
         }
         let fired = now >= self.deadline && self.run_timers(now);
         let full = fired || self.dirty || self.rounds % 256 == 0;
@@ -340,6 +357,28 @@ impl Engine {
         self.deadline_stale = true;
     }
 
+    /// The receiver's fair share: every connection that delivered data within
+    /// `SHARE_IDLE_NS` counts as a sender wanting all it can get (its demand is what it would
+    /// send unpaced), and each connection's ACKs carry its max-min share of the line rate.
+    fn share(&mut self, now: u64) {
+        self.share_at = now + SHARE_PERIOD_NS;
+        let Some(fair) = self.fair.as_mut() else {
+            return;
+        };
+        for (qpn, qp) in self.qps.iter() {
+            if let Some(at) = qp.data_at {
+                // A full table leaves the newcomer without a hint until a slot frees.
+                let _ = fair.heard(*qpn, u32::MAX, at);
+            }
+        }
+        fair.expire(now);
+        for (qpn, qp) in self.qps.iter_mut() {
+            if let Some(conn) = qp.conn.as_mut() {
+                conn.set_rate_hint(fair.share(*qpn).unwrap_or(0));
+            }
+        }
+    }
+
     fn refresh_deadline(&mut self) {
         self.deadline = self
             .qps
@@ -412,6 +451,7 @@ impl Engine {
                     peer: qp.peer,
                     counters: *conn.counters(),
                     paths,
+                    rate: conn.rate_status(),
                 })
             })
             .collect();

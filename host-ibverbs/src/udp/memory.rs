@@ -147,6 +147,7 @@ impl ProtectionDomain {
                     conn: None,
                     peer: None,
                     pending: engine::Requests::default(),
+                    data_at: None,
                 },
             )
         });

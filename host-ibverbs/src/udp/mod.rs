@@ -66,6 +66,9 @@ pub struct DeviceConfig {
     pub socket_buffer: usize,
     /// Write every datagram sent and received to this pcap file.
     pub pcap: Option<PathBuf>,
+    /// This end's inbound capacity, Mb/s: when set, every ACK carries each sender's max-min
+    /// share of it (the receiver's rate hint); 0, no hint.
+    pub line_rate_mbps: u32,
 }
 
 impl DeviceConfig {
@@ -81,6 +84,7 @@ impl DeviceConfig {
             batch: true,
             socket_buffer: 8 << 20,
             pcap: None,
+            line_rate_mbps: 0,
         }
     }
 }
@@ -126,6 +130,8 @@ pub struct QpAttr {
     pub probe_interval: u64,
     /// Longest delay of an ACK, ns.
     pub ack_delay: u64,
+    /// The rate controller (`transport_core::rate`; ECN AIMD per path by default).
+    pub cc: transport_core::rate::Algorithm,
     /// The ICRC of the datagrams: computed and checked (the default), or, where both ends
     /// agree, neither (`IcrcMode::Off`: the UDP checksum and the links' frame checks guard the
     /// datagram, as they do TCP's segments; docs/PROTOCOL.md 4.1).
@@ -151,6 +157,7 @@ impl Default for QpAttr {
             probe_interval: 1_000_000,
             ack_delay: 20_000,
             icrc: IcrcMode::Full,
+            cc: transport_core::rate::Algorithm::EcnAimd,
         }
     }
 }
@@ -223,7 +230,13 @@ impl Context {
                 )
             }
         };
-        let engine = Engine::new(rx, opts, cfg.gso, cfg.batch, cfg.busy_poll, pcap);
+        let mut engine = Engine::new(rx, opts, cfg.gso, cfg.batch, cfg.busy_poll, pcap);
+        if cfg.line_rate_mbps > 0 {
+            engine.fair = Some(transport_core::rate::FairShare::new(
+                cfg.line_rate_mbps,
+                engine::SHARE_IDLE_NS,
+            ));
+        }
         Ok(Context {
             inner: Rc::new(CtxInner {
                 engine: RefCell::new(engine),

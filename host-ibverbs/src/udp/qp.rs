@@ -107,6 +107,7 @@ impl QueuePair {
         cfg.ack_delay = a.ack_delay;
         cfg.timeouts_to_probe = 3;
         cfg.icrc = a.icrc;
+        cfg.cc = a.cc;
         cfg.icrc_engine = crc_engine::engine();
         let qpn = self.inner.qpn;
         let pd = self.inner.pd.id;

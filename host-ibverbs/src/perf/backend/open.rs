@@ -60,6 +60,7 @@ pub(super) fn open_udp(
     dc.gro = cfg.gro;
     dc.batch = cfg.batch;
     dc.pcap = cfg.pcap.clone();
+    dc.line_rate_mbps = cfg.line_rate_mbps;
     let ctx = match udp::Context::open(&dc) {
         Ok(c) => c,
         Err(e)
@@ -81,6 +82,14 @@ pub(super) fn open_udp(
         mtu,
         window_per_path: cfg.window,
         icrc: cfg.icrc,
+        cc: cfg.cc.algorithm(
+            if cfg.line_rate_mbps > 0 {
+                cfg.line_rate_mbps
+            } else {
+                crate::perf::DEFAULT_LINE_MBPS
+            },
+            cfg.window,
+        ),
         ..udp::QpAttr::default()
     };
     let qps = (0..cfg.qps)

@@ -136,6 +136,9 @@ impl Engine {
             Err(_) => conn.handle_datagram(now, src.port(), ce, d),
         };
         if let Ok(delivery) = handled {
+            if matches!(delivery, transport_core::conn::Delivery::Place { .. }) {
+                qp.data_at = Some(now);
+            }
             if conn.apply(&mut self.mems, d, delivery) == Applied::OutOfMemory {
                 self.counters.rx_drop_bad_place += 1;
             }

@@ -81,6 +81,8 @@ pub struct QpSnapshot {
     pub counters: Counters,
     /// Per path.
     pub paths: Vec<PathStats>,
+    /// The rate controller's outputs.
+    pub rate: transport_core::conn::RateStatus,
 }
 
 /// The connection counters with their `ethtool -S` style names.
@@ -166,6 +168,12 @@ pub fn to_json(pid: u32, name: &str, engine: &EngineCounters, qps: &[QpSnapshot]
                 "qpn": q.qpn,
                 "peer": q.peer.map(|p| p.to_string()),
                 "counters": m,
+                "rate": {
+                    "rate_mbps": q.rate.rate_mbps,
+                    "connection_window": q.rate.connection_window,
+                    "hint_received_mbps": q.rate.hint_received_mbps,
+                    "hint_sent_mbps": q.rate.hint_sent_mbps,
+                },
                 "paths": paths,
             })
         })
