@@ -374,10 +374,19 @@ fn metaroce_senders_pace_to_the_receivers_fair_share() {
     let Report::Bw(r) = &reports[0] else { panic!() };
     assert!(r.verified && served.verified);
     assert!(
-        (0.75..=1.15).contains(&r.bw_avg_gbps),
+        r.bw_avg_gbps <= 1.15,
         "four senders into a 1 Gb/s receiver: {} Gb/s",
         r.bw_avg_gbps
     );
+    // The CI runs aarch64 tests under qemu-user, which cannot move 1 Gb/s through the emulated
+    // engine (0.2 Gb/s there): that the senders reach their shares is checked natively only.
+    if cfg!(not(target_arch = "aarch64")) {
+        assert!(
+            r.bw_avg_gbps >= 0.75,
+            "four senders into a 1 Gb/s receiver: {} Gb/s",
+            r.bw_avg_gbps
+        );
+    }
     let placed: Vec<f64> = served.stats["qps"]
         .as_array()
         .unwrap()
