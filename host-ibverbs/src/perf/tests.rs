@@ -364,6 +364,12 @@ fn without_the_icrc_is_refused_over_verbs() {
 /// four MetaRoCE connections a quarter in its ACKs, and the senders pace to it: together they
 /// move about 1 Gb/s, each within 10% of a quarter, every byte verified.
 #[test]
+#[cfg_attr(
+    target_arch = "aarch64",
+    ignore = "the CI runs aarch64 tests under qemu-user, whose emulated engine moves 0.2 Gb/s: the \
+              senders never reach their shares, so neither the rate nor the split can be checked; \
+              runs natively on x86-64"
+)]
 fn metaroce_senders_pace_to_the_receivers_fair_share() {
     let mut cfg = PerfConfig::new(Test::WriteBw);
     cfg.qps = 4;
@@ -374,19 +380,10 @@ fn metaroce_senders_pace_to_the_receivers_fair_share() {
     let Report::Bw(r) = &reports[0] else { panic!() };
     assert!(r.verified && served.verified);
     assert!(
-        r.bw_avg_gbps <= 1.15,
+        (0.75..=1.15).contains(&r.bw_avg_gbps),
         "four senders into a 1 Gb/s receiver: {} Gb/s",
         r.bw_avg_gbps
     );
-    // The CI runs aarch64 tests under qemu-user, which cannot move 1 Gb/s through the emulated
-    // engine (0.2 Gb/s there): that the senders reach their shares is checked natively only.
-    if cfg!(not(target_arch = "aarch64")) {
-        assert!(
-            r.bw_avg_gbps >= 0.75,
-            "four senders into a 1 Gb/s receiver: {} Gb/s",
-            r.bw_avg_gbps
-        );
-    }
     let placed: Vec<f64> = served.stats["qps"]
         .as_array()
         .unwrap()
