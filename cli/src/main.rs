@@ -109,9 +109,10 @@ enum Command {
 
 #[derive(clap::Args)]
 struct SelftestArgs {
-    /// Payload bytes to move (suffixes KiB, MiB, GiB, KB, MB, GB).
-    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
-    bytes: u64,
+    /// Payload bytes to move (suffixes KiB, MiB, GiB, KB, MB, GB): 64 MiB by default; with
+    /// --senders, per sender and 2 MB by default.
+    #[arg(long, value_parser = parse_size)]
+    bytes: Option<u64>,
     /// Paths per connection (1-64).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u8).range(1..=64))]
     paths: u8,
@@ -146,6 +147,31 @@ struct SelftestArgs {
     /// The first PSN each end sends (0xfff000 crosses the 24-bit wrap early).
     #[arg(long, default_value_t = 0)]
     psn_start: u32,
+    /// An incast instead: this many senders, each writing --bytes (default 2 MB) to one receiver
+    /// through a switch port with a finite buffer and ECN marking (netsim::incast).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=256))]
+    senders: Option<u16>,
+    /// Incast: the senders' rate controller.
+    #[arg(long, default_value = "metaroce", value_parser = tools::cc_name_parser())]
+    cc: host_ibverbs::perf::Cc,
+    /// Incast: the receiver does not put each sender's fair share in its ACKs.
+    #[arg(long)]
+    no_hint: bool,
+    /// Incast: the line rate of every link, Gb/s.
+    #[arg(long, default_value_t = 100.0)]
+    link_gbps: f64,
+    /// Incast: the switch buffer of the receiver's port (suffixes as --bytes).
+    #[arg(long, default_value = "32MB", value_parser = parse_size)]
+    buffer: u64,
+    /// Incast: ECN marking starts above this queue (suffixes as --bytes).
+    #[arg(long, default_value = "400KB", value_parser = parse_size)]
+    kmin: u64,
+    /// Incast: every packet is marked above this queue (suffixes as --bytes).
+    #[arg(long, default_value = "1600KB", value_parser = parse_size)]
+    kmax: u64,
+    /// Incast: the marking probability at --kmax.
+    #[arg(long, default_value_t = 0.2)]
+    pmax: f64,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -380,7 +406,88 @@ fn run_gen(count: u64, seed: u64, kind: GenKind, pcap: Option<PathBuf>) -> io::R
     Ok(ExitCode::SUCCESS)
 }
 
+fn run_incast(a: &SelftestArgs, senders: u16) -> io::Result<ExitCode> {
+    if !(a.link_gbps > 0.0 && a.link_gbps <= 4_000.0 && (0.0..=1.0).contains(&a.pmax)) {
+        eprintln!("metaroce: --link-gbps must be above 0 (at most 4000) and --pmax a probability");
+        return Ok(ExitCode::from(2));
+    }
+    let bytes = a.bytes.unwrap_or(2_000_000);
+    if a.kmin > a.kmax || bytes > u64::from(u32::MAX) || bytes == 0 {
+        eprintln!("metaroce: --kmin must not exceed --kmax, and --bytes must be 1 B to 4 GiB");
+        return Ok(ExitCode::from(2));
+    }
+    let line = (a.link_gbps * 1000.0) as u32;
+    let defaults = netsim::incast::IncastConfig::default();
+    let cfg = netsim::incast::IncastConfig {
+        senders: usize::from(senders),
+        bytes,
+        link_gbps: a.link_gbps,
+        buffer_bytes: a.buffer,
+        kmin_bytes: a.kmin,
+        kmax_bytes: a.kmax,
+        pmax: a.pmax,
+        cc: a.cc.algorithm(line, defaults.window_per_path),
+        // Only MetaRoCE senders act on the hint.
+        hint: !a.no_hint && a.cc == host_ibverbs::perf::Cc::MetaRoce,
+        seed: a.seed,
+        ..defaults
+    };
+    let r = netsim::incast::run(&cfg);
+    let v = json!({
+        "senders": r.senders,
+        "cc": a.cc.name(),
+        "hint": cfg.hint,
+        "per_sender_goodput": r.per_sender_goodput,
+        "jain_index": r.jain_index,
+        "link_utilisation": r.link_utilisation,
+        "max_queue_bytes": r.max_queue_bytes,
+        "drops": r.drops,
+        "marks": r.marks,
+        "cnps": r.cnps,
+        "settle_rtts": r.settle_rtts,
+        "settle_window_rtts": r.settle_window_rtts,
+        "base_rtt_ns": r.base_rtt_ns,
+        "virtual_time_us": r.virtual_time_us,
+        "retransmissions": r.retransmissions,
+        "ok": r.ok,
+    });
+    let mut out = io::stdout().lock();
+    if a.json {
+        writeln!(out, "{v}")?;
+    } else {
+        writeln!(out, "senders               {}", r.senders)?;
+        writeln!(
+            out,
+            "controller            {}{}",
+            a.cc.name(),
+            if cfg.hint { " + hint" } else { "" }
+        )?;
+        writeln!(out, "jain index            {:.4}", r.jain_index)?;
+        writeln!(out, "link utilisation      {:.3}", r.link_utilisation)?;
+        writeln!(out, "max queue             {} bytes", r.max_queue_bytes)?;
+        writeln!(
+            out,
+            "drops, marks, cnps    {} {} {}",
+            r.drops, r.marks, r.cnps
+        )?;
+        match r.settle_rtts {
+            Some(s) => writeln!(out, "settled after         {s} RTTs")?,
+            None => writeln!(out, "settled after         never")?,
+        }
+        writeln!(out, "virtual time          {:.1} us", r.virtual_time_us)?;
+        writeln!(out, "every byte verified   {}", r.ok)?;
+    }
+    Ok(if r.ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
 fn run_selftest(a: &SelftestArgs) -> io::Result<ExitCode> {
+    if let Some(n) = a.senders {
+        return run_incast(a, n);
+    }
     for (name, p) in [
         ("loss", a.loss),
         ("reorder", a.reorder),
@@ -397,7 +504,7 @@ fn run_selftest(a: &SelftestArgs) -> io::Result<ExitCode> {
         return Ok(ExitCode::from(2));
     }
     let cfg = selftest::SelftestConfig {
-        bytes: a.bytes,
+        bytes: a.bytes.unwrap_or(64 << 20),
         paths: a.paths,
         loss: a.loss,
         burst: a.burst,

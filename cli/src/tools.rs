@@ -9,6 +9,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+/// The rate controllers by name, for other commands.
+pub fn cc_name_parser() -> impl clap::builder::TypedValueParser<Value = perf::Cc> {
+    cc_parser()
+}
+
 /// The rate controllers by the names the exchange uses (`perf::Cc::name`).
 fn cc_parser() -> impl clap::builder::TypedValueParser<Value = perf::Cc> {
     use clap::builder::TypedValueParser;

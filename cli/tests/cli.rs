@@ -250,3 +250,30 @@ fn selftest_prints_the_promised_keys_and_exits_by_the_result() {
         );
     }
 }
+
+#[test]
+fn selftest_runs_an_incast_and_reports_its_fields() {
+    let out = metaroce(
+        &["selftest", "--senders", "4", "--bytes", "200KB", "--json"],
+        None,
+    );
+    assert!(out.status.success(), "{out:?}");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["senders"], 4);
+    assert_eq!(v["cc"], "metaroce");
+    assert_eq!(v["ok"], true);
+    assert_eq!(v["per_sender_goodput"].as_array().map(Vec::len), Some(4));
+    for k in [
+        "jain_index",
+        "link_utilisation",
+        "max_queue_bytes",
+        "drops",
+        "settle_rtts",
+    ] {
+        assert!(v.get(k).is_some(), "{k} missing: {v}");
+    }
+    let bad = metaroce(&["selftest", "--senders", "4", "--pmax", "2"], None);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+    let bad = metaroce(&["selftest", "--senders", "0"], None);
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+}

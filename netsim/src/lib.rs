@@ -5,6 +5,8 @@
 //! from it.
 //!
 //! - [`config`]: what to run and what it found.
+//! - [`incast`]: N senders into one receiver through a switch port with a finite buffer and ECN
+//!   marking, to compare the rate controllers.
 //! - [`pair`]: two connections on a lossless wire in stepped time, driven by hand (the core's
 //!   tests and the connection's fuzz target).
 //! - `link`: the ECMP link model (routes by UDP source port).
@@ -16,6 +18,7 @@
 
 pub mod config;
 mod endpoint;
+pub mod incast;
 mod link;
 pub mod pair;
 mod verify;
