@@ -5,8 +5,8 @@
 
 use proptest::prelude::*;
 use transport_core::rate::{
-    max_min_share, AckReport, Dcqcn, DcqcnParams, PathAimd, Swift, SwiftParams, Timely,
-    TimelyParams, ONE_PACKET,
+    max_min_share, serialisation_ns, AckReport, Dcqcn, DcqcnParams, Pacer, PathAimd, Swift,
+    SwiftParams, Timely, TimelyParams, ONE_PACKET,
 };
 
 /// Max-min by the textbook: repeatedly give every unsatisfied sender an equal split of what is
@@ -136,6 +136,23 @@ proptest! {
             } else {
                 prop_assert!(s.cwnd() >= before);
             }
+        }
+    }
+
+    /// The rate in a hint comes from the peer: any value, even 1 Mb/s or u32::MAX, gives
+    /// departure times that never go back, never precede the packet, and never overflow.
+    #[test]
+    fn the_pacer_takes_any_rate_a_peer_can_name(
+        steps in prop::collection::vec((any::<u32>(), 0u64..70_000, 0u64..1_000_000), 1..200),
+    ) {
+        let mut p = Pacer::default();
+        let (mut now, mut last) = (0u64, 0u64);
+        for (rate, bytes, dt) in steps {
+            now += dt;
+            let at = p.depart(now, bytes, rate, 65_536);
+            prop_assert!(at >= now && at >= last);
+            prop_assert!(serialisation_ns(bytes, rate) <= bytes * 8_000 + 1);
+            last = at;
         }
     }
 }

@@ -278,11 +278,11 @@ pub fn serve_one(cfg: &PerfConfig, listener: &TcpListener) -> Result<Served, Per
 /// What a client's hello asks of this server, checked.
 pub(super) struct SessionConfig {
     /// This end's configuration for the session (or for one of its workers).
-    cfg: PerfConfig,
+    pub(super) cfg: PerfConfig,
     /// Worker connections of the client.
-    workers: u32,
+    pub(super) workers: u32,
     /// The number its workers name (0 when it has one).
-    session: u64,
+    pub(super) session: u64,
 }
 
 /// Checks a hello against what this server runs and against the limits, before anything is

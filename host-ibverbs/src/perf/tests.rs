@@ -399,3 +399,42 @@ fn metaroce_senders_pace_to_the_receivers_fair_share() {
         );
     }
 }
+
+/// A hello naming a rate controller or an ICRC mode this server does not know is refused with
+/// a message that names it, before anything is opened; a hello without either field (a client
+/// from before them) runs ECN AIMD with the full ICRC.
+#[test]
+fn a_hello_with_an_unknown_controller_or_icrc_mode_is_refused() {
+    let cfg = PerfConfig::new(Test::WriteBw);
+    let hello = |extra: &[(&str, &str)]| {
+        let mut m = Message::new("hello")
+            .with("test", "write-bw")
+            .with("transport", "udp")
+            .with("qps", 1)
+            .with("paths", 8)
+            .with("window", 32)
+            .with("workers", 1);
+        for (k, v) in extra {
+            m = m.with(k, v);
+        }
+        m
+    };
+    let old = session_config(&cfg, &hello(&[])).unwrap();
+    assert_eq!(
+        (old.cfg.cc, old.cfg.icrc),
+        (Cc::EcnAimd, udp::IcrcMode::Full)
+    );
+    let ok = session_config(&cfg, &hello(&[("cc", "metaroce"), ("icrc", "off")])).unwrap();
+    assert_eq!((ok.cfg.cc, ok.cfg.icrc), (Cc::MetaRoce, udp::IcrcMode::Off));
+    for (field, value, says) in [
+        ("cc", "bbr\u{7f}", "unknown rate controller"),
+        ("cc", &"x".repeat(4000)[..], "unknown rate controller"),
+        ("icrc", "none", "unknown ICRC mode"),
+    ] {
+        let err = session_config(&cfg, &hello(&[(field, value)]))
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains(says), "{field}={value:.20}: {err}");
+    }
+}
