@@ -45,7 +45,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
-    fn the_fair_share_is_max_min(capacity in 1u32..400_000, demands in prop::collection::vec(0u32..200_000, 1..24)) {
+    fn the_fair_share_is_max_min(
+        capacity in 1u32..400_000,
+        // Small demands (0 among them) and repeats are where a water level goes wrong.
+        demands in prop::collection::vec(prop_oneof![0u32..4, 0u32..200_000, Just(100_000u32)], 1..24),
+    ) {
         let want = brute_max_min(capacity, &demands);
         let mut total = 0u64;
         for (i, &d) in demands.iter().enumerate() {

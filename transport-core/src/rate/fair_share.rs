@@ -109,16 +109,16 @@ pub fn max_min_share(capacity: u32, demands: impl Iterator<Item = u32> + Clone, 
         return 0;
     }
     let mut left = u64::from(capacity);
-    let mut below = 0u64; // senders whose demand is at or below the level
     let mut level = 0u64;
     loop {
-        // The next demand above the current level.
+        // The next demand above the current level, and how many senders still want more than
+        // the level (a demand of 0 is met before the first step).
         let next = demands.clone().map(u64::from).filter(|&d| d > level).min();
-        let above = n - below;
         let Some(next) = next else {
             // Every demand met.
             return mine;
         };
+        let above = demands.clone().filter(|&d| u64::from(d) > level).count() as u64;
         // Raising everyone above the level to `next` costs (next - level) each.
         let cost = (next - level) * above;
         if cost > left {
@@ -127,7 +127,6 @@ pub fn max_min_share(capacity: u32, demands: impl Iterator<Item = u32> + Clone, 
         }
         left -= cost;
         level = next;
-        below += demands.clone().filter(|&d| u64::from(d) == next).count() as u64;
     }
 }
 
@@ -142,6 +141,9 @@ mod tests {
         assert_eq!(max_min_share(100, d.iter().copied(), 10), 10);
         assert_eq!(max_min_share(100, d.iter().copied(), 50), 45);
         assert_eq!(max_min_share(100, d.iter().copied(), 80), 45);
+        // A sender that wants nothing takes nothing from the others (found by the property test:
+        // 343 among 0 and 173 gave 171).
+        assert_eq!(max_min_share(343, [0u32, 173].iter().copied(), 173), 173);
         // Everyone met: each gets its demand.
         assert_eq!(max_min_share(1000, d.iter().copied(), 80), 80);
         // Sixteen equal senders on 100 Gb/s: 6250 Mb/s each.
