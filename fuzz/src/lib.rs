@@ -2,6 +2,7 @@
 //! stable test that replays the corpora (`tests/replay.rs`). Each body panics only when a property
 //! fails: parsing must never panic, and whatever parses must emit and parse back to itself.
 
+use transport_core::time::Instant;
 use transport_core::wire::metaroce::{
     MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr, PiggyAck,
 };
@@ -130,8 +131,8 @@ pub fn conn_pair(data: &[u8]) {
         len: 1500,
         remote,
     };
-    let _ = p.a.conn.post(0, wr(1, WrOp::Write));
-    let _ = p.a.conn.post(0, wr(2, WrOp::Read));
+    let _ = p.a.conn.post(Instant::ZERO, wr(1, WrOp::Write));
+    let _ = p.a.conn.post(Instant::ZERO, wr(2, WrOp::Read));
     let mut seen = std::collections::HashSet::new();
     let mut rest = data;
     while rest.len() >= 3 {

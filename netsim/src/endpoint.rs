@@ -8,6 +8,7 @@ use crate::Conn;
 use metaroce_frames::gen::Rng;
 use std::net::IpAddr;
 use transport_core::conn::{Applied, Config, FlatMemory, Memory};
+use transport_core::time::Instant;
 use transport_core::wire::{Psn, Qpn};
 
 /// Where A's memory starts: its source data, then Read destinations, then atomic results.
@@ -24,9 +25,9 @@ pub(crate) struct Endpoint {
     /// B: the counters; A: the original values returned, 8 bytes per work request.
     pub atom: Vec<u8>,
     /// When this end's side of the link is free to send again.
-    link_free: u64,
+    link_free: Instant,
     /// When the connection may have something to send.
-    wake: Option<u64>,
+    wake: Option<Instant>,
     is_a: bool,
 }
 
@@ -72,20 +73,26 @@ impl Endpoint {
             src: (0..size).map(|_| rng.next_u64() as u8).collect(),
             dst: vec![0; size],
             atom: vec![0; atom_bytes],
-            link_free: 0,
-            wake: is_a.then_some(0),
+            link_free: Instant::ZERO,
+            wake: is_a.then_some(Instant::ZERO),
             is_a,
         }
     }
 
     /// The connection may have something to send from `now` on.
-    pub fn wake(&mut self, now: u64) {
+    pub fn wake(&mut self, now: Instant) {
         self.wake = Some(now);
     }
 
     /// Sends what the connection has while this end's side of the link is free, one datagram
     /// after another at the link rate. Returns the data packets the link lost.
-    pub fn transmit(&mut self, now: u64, buf: &mut [u8], link: &mut Link, rng: &mut Rng) -> u64 {
+    pub fn transmit(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        link: &mut Link,
+        rng: &mut Rng,
+    ) -> u64 {
         let mut lost = 0;
         while self.wake.is_some_and(|w| w <= now) && self.link_free <= now {
             let Some(tx) = self.conn.poll_transmit(now, buf) else {
@@ -105,7 +112,7 @@ impl Endpoint {
     }
 
     /// Hands an arrival to the connection and applies what it delivers to this end's memory.
-    pub fn receive(&mut self, now: u64, x: &Arrival) -> Applied {
+    pub fn receive(&mut self, now: Instant, x: &Arrival) -> Applied {
         let delivery = self.conn.handle_datagram(now, x.src_port, false, &x.bytes);
         let mut mem = memory_of(self.is_a, &mut self.src, &mut self.dst, &mut self.atom);
         let applied = match delivery {
@@ -118,7 +125,7 @@ impl Endpoint {
     }
 
     /// Fires the connection's timers if they are due.
-    pub fn timers(&mut self, now: u64) {
+    pub fn timers(&mut self, now: Instant) {
         if self.conn.poll_timeout().is_some_and(|t| t <= now) {
             self.conn.handle_timeout(now);
             self.wake = Some(now);
@@ -126,7 +133,7 @@ impl Endpoint {
     }
 
     /// The next instant this end has something to do (a timer, or a send once its link is free).
-    pub fn next_at(&self, now: u64) -> Option<u64> {
+    pub fn next_at(&self, now: Instant) -> Option<Instant> {
         let timer = self.conn.poll_timeout().map(|t| t.max(now));
         let send = self.wake.map(|w| w.max(self.link_free).max(now));
         match (timer, send) {

@@ -17,6 +17,7 @@ use transport_core::conn::{
     WorkRequest, WrOp,
 };
 use transport_core::rate::{Algorithm, CnpGate, FairShare};
+use transport_core::time::Instant;
 use transport_core::wire::{Psn, Qpn};
 
 /// Senders at most.
@@ -136,7 +137,7 @@ enum Hop {
 
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
 struct InFlight {
-    at: u64,
+    at: Instant,
     seq: u64,
     hop: Hop,
     i: usize,
@@ -147,12 +148,17 @@ struct InFlight {
 struct End {
     conn: Box<Conn>,
     mem: Vec<u8>,
-    link_free: u64,
-    wake: Option<u64>,
+    link_free: Instant,
+    wake: Option<Instant>,
 }
 
 impl End {
-    fn transmit(&mut self, now: u64, buf: &mut [u8], ns_per_byte: f64) -> Vec<(u64, u16, Vec<u8>)> {
+    fn transmit(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        ns_per_byte: f64,
+    ) -> Vec<(Instant, u16, Vec<u8>)> {
         let mut out = Vec::new();
         while self.wake.is_some_and(|w| w <= now) && self.link_free <= now {
             let Some(tx) = self.conn.poll_transmit(now, buf) else {
@@ -171,7 +177,7 @@ impl End {
         out
     }
 
-    fn next_at(&self, now: u64) -> Option<u64> {
+    fn next_at(&self, now: Instant) -> Option<Instant> {
         let timer = self.conn.poll_timeout().map(|t| t.max(now));
         let send = self.wake.map(|w| w.max(self.link_free).max(now));
         match (timer, send) {
@@ -239,7 +245,7 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
         .map(|i| {
             let mut conn = Box::new(Conn::new(end_config(cfg, i, true)));
             conn.post(
-                0,
+                Instant::ZERO,
                 WorkRequest {
                     id: i as u64,
                     op: WrOp::Write,
@@ -258,8 +264,8 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
                 mem: (0..size)
                     .map(|k| (k as u64 * 31 + i as u64) as u8)
                     .collect(),
-                link_free: 0,
-                wake: Some(0),
+                link_free: Instant::ZERO,
+                wake: Some(Instant::ZERO),
             }
         })
         .collect();
@@ -276,7 +282,7 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
             End {
                 conn,
                 mem: vec![0; size],
-                link_free: 0,
+                link_free: Instant::ZERO,
                 wake: None,
             }
         })
@@ -291,14 +297,14 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
     };
     let mut heap: BinaryHeap<Reverse<InFlight>> = BinaryHeap::new();
     let mut seq = 0u64;
-    let mut egress_free = 0u64;
-    let mut done_at: Vec<Option<u64>> = vec![None; n];
+    let mut egress_free = Instant::ZERO;
+    let mut done_at: Vec<Option<Instant>> = vec![None; n];
     // Bytes delivered per sender per base RTT, for the settling time.
     let mut delivered: Vec<Vec<u64>> = vec![Vec::new(); n];
-    let mut share_at = 0u64;
-    let mut now = 0u64;
+    let mut share_at = Instant::ZERO;
+    let mut now = Instant::ZERO;
     let mut buf = vec![0u8; 8192];
-    let limit = 1_000_000_000u64; // 1 s of virtual time
+    let limit = Instant::from_nanos(1_000_000_000); // 1 s of virtual time
     let push = |heap: &mut BinaryHeap<Reverse<InFlight>>, seq: &mut u64, x: InFlight| {
         *seq += 1;
         heap.push(Reverse(InFlight { seq: *seq, ..x }));
@@ -364,13 +370,13 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
             }
         }
         // Next instant.
-        let mut next = heap.peek().map_or(u64::MAX, |Reverse(x)| x.at);
+        let mut next = heap.peek().map_or(Instant::MAX, |Reverse(x)| x.at);
         for e in senders.iter().chain(receivers.iter()) {
             if let Some(t) = e.next_at(now) {
                 next = next.min(t);
             }
         }
-        if next == u64::MAX || next > limit {
+        if next == Instant::MAX || next > limit {
             break;
         }
         now = next.max(now);
@@ -387,7 +393,7 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
             match x.hop {
                 Hop::ToSwitch => {
                     // The egress queue: its backlog is the time the port is busy for.
-                    let q = (egress_free.saturating_sub(now) as f64 * bytes_per_ns) as u64;
+                    let q = (egress_free.since(now) as f64 * bytes_per_ns) as u64;
                     let len = (x.bytes.len() + FRAMING) as u64;
                     if q + len > cfg.buffer_bytes {
                         report.drops += 1;
@@ -424,7 +430,7 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
                             if cfg.hint {
                                 let _ = fair.heard(x.i as u32, u32::MAX, now);
                             }
-                            let slot = (now / base_rtt.max(1)) as usize;
+                            let slot = (now.as_nanos() / base_rtt.max(1)) as usize;
                             let v = &mut delivered[x.i];
                             if v.len() <= slot {
                                 v.resize(slot + 1, 0);
@@ -477,10 +483,11 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
         .copied()
         .max()
         .unwrap_or(now)
+        .as_nanos()
         .max(1);
     report.per_sender_goodput = done_at
         .iter()
-        .map(|d| d.map_or(0.0, |t| cfg.bytes as f64 * 8.0 / t.max(1) as f64))
+        .map(|d| d.map_or(0.0, |t| cfg.bytes as f64 * 8.0 / t.as_nanos().max(1) as f64))
         .collect();
     report.jain_index = jain(&report.per_sender_goodput);
     report.link_utilisation = (cfg.bytes * n as u64) as f64 / (end as f64 * bytes_per_ns);
@@ -496,8 +503,13 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
     let share_bytes_per_rtt = cfg.link_gbps / 8.0 * base_rtt as f64 / n as f64;
     let w = ((32.0 * 4096.0 / share_bytes_per_rtt).ceil() as usize).max(1);
     report.settle_window_rtts = w as u64;
-    let first_done = done_at.iter().flatten().copied().min().unwrap_or(0);
-    let last_slot = (first_done / base_rtt.max(1)) as usize;
+    let first_done = done_at
+        .iter()
+        .flatten()
+        .copied()
+        .min()
+        .unwrap_or(Instant::ZERO);
+    let last_slot = (first_done.as_nanos() / base_rtt.max(1)) as usize;
     let within = |k: usize| {
         delivered.iter().all(|v| {
             let got: u64 = (k..k + w).map(|s| v.get(s).copied().unwrap_or(0)).sum();

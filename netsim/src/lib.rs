@@ -31,6 +31,7 @@ use link::Link;
 use metaroce_frames::gen::Rng;
 use std::net::{IpAddr, Ipv4Addr};
 use transport_core::conn::{Access, Applied, Connection, Event, Region};
+use transport_core::time::Instant;
 use workload::{Workload, COUNTERS, KEY_ATOM, KEY_B};
 
 /// Paths at most.
@@ -104,15 +105,16 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
     };
     let mut failed = cfg.fail_path.is_none();
     let mut placed: std::collections::HashMap<u64, u32> = Default::default(); // address -> length
-    let mut last_delivery = 0u64;
+    let mut last_delivery = Instant::ZERO;
     let mut max_gap_after_fail = 0u64;
-    let mut now = 0u64;
+    let mut now = Instant::ZERO;
     let mut buf = vec![0u8; 4096 + 256];
-    let mut done_at = 0u64;
+    let mut done_at = Instant::ZERO;
+    let fail_at = Instant::from_nanos(cfg.fail_at_ns);
 
     loop {
         // Kill the route of the failing path at its time.
-        if !failed && now >= cfg.fail_at_ns {
+        if !failed && now >= fail_at {
             let p = usize::from(cfg.fail_path.unwrap_or(0));
             if let (Some(sa), Some(sb)) = (a.conn.path_stats(p), b.conn.path_stats(p)) {
                 link.kill((true, sa.src_port));
@@ -135,7 +137,7 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
                         if Some(path) == cfg.fail_path && is_a && !report.path_failure_detected {
                             report.path_failure_detected = true;
                             report.failure_detect_rtts =
-                                now.saturating_sub(cfg.fail_at_ns) as f64 / base_rtt as f64;
+                                now.since(fail_at) as f64 / base_rtt as f64;
                         }
                     }
                     Event::PathRestored { .. } => {}
@@ -149,7 +151,7 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
         report.data_packets_lost += a.transmit(now, &mut buf, &mut link, &mut rng);
         report.data_packets_lost += b.transmit(now, &mut buf, &mut link, &mut rng);
         // Next instant.
-        let mut next = u64::MAX;
+        let mut next = Instant::MAX;
         for t in [link.next_at(), a.next_at(now), b.next_at(now)]
             .into_iter()
             .flatten()
@@ -157,9 +159,9 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
             next = next.min(t);
         }
         if !failed {
-            next = next.min(cfg.fail_at_ns);
+            next = next.min(fail_at);
         }
-        if next == u64::MAX || next > TIME_LIMIT_NS {
+        if next == Instant::MAX || next > Instant::from_nanos(TIME_LIMIT_NS) {
             break;
         }
         now = next;
@@ -175,7 +177,7 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
                         report.bytes_delivered += len as u64;
                     }
                     if failed && cfg.fail_path.is_some() {
-                        max_gap_after_fail = max_gap_after_fail.max(now - last_delivery);
+                        max_gap_after_fail = max_gap_after_fail.max(now.since(last_delivery));
                     }
                     last_delivery = now;
                 }
@@ -199,7 +201,7 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
     } else {
         report.retransmissions as f64 / report.data_packets_lost as f64
     };
-    let t = done_at.max(1);
+    let t = done_at.as_nanos().max(1);
     report.virtual_time_us = t as f64 / 1000.0;
     report.goodput_fraction = report.bytes_delivered as f64 / (t as f64 * link.rate_bytes_per_ns());
     if cfg.fail_path.is_some() {

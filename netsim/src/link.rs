@@ -10,13 +10,14 @@ use crate::config::SelftestConfig;
 use metaroce_frames::gen::Rng;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+use transport_core::time::Instant;
 use transport_core::wire::Opcode;
 
 /// A datagram on its way, ordered by arrival time (then by when it was sent).
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Arrival {
     /// When it arrives, ns.
-    pub at: u64,
+    pub at: Instant,
     seq: u64,
     /// Whether it goes from A to B.
     pub to_b: bool,
@@ -46,7 +47,7 @@ pub(crate) struct Link {
     /// Probability that a data datagram outside a run starts one.
     start: f64,
     in_flight: BinaryHeap<Reverse<Arrival>>,
-    route_last: HashMap<Route, u64>,
+    route_last: HashMap<Route, Instant>,
     dead: Vec<Route>,
     run_left: HashMap<Route, u32>,
     seq: u64,
@@ -109,7 +110,7 @@ impl Link {
         rng: &mut Rng,
         route: Route,
         mut bytes: Vec<u8>,
-        departed: u64,
+        departed: Instant,
     ) -> bool {
         let data = Opcode::from_u8(bytes[0]).is_metaroce() && bytes[0] < 0xe0;
         let dead = self.dead.contains(&route);
@@ -139,7 +140,7 @@ impl Link {
         if rng.chance_f(self.reorder) {
             at += rng.below(self.jitter_ns + 1);
         }
-        let last = self.route_last.entry(route).or_insert(0);
+        let last = self.route_last.entry(route).or_insert(Instant::ZERO);
         at = at.max(*last);
         *last = at;
         let copies = if rng.chance_f(self.dup) { 2 } else { 1 };
@@ -157,12 +158,12 @@ impl Link {
     }
 
     /// When the next datagram arrives.
-    pub fn next_at(&self) -> Option<u64> {
+    pub fn next_at(&self) -> Option<Instant> {
         self.in_flight.peek().map(|Reverse(x)| x.at)
     }
 
     /// The next datagram due by `now`.
-    pub fn pop_due(&mut self, now: u64) -> Option<Arrival> {
+    pub fn pop_due(&mut self, now: Instant) -> Option<Arrival> {
         if self.next_at()? <= now {
             self.in_flight.pop().map(|Reverse(x)| x)
         } else {

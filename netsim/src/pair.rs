@@ -7,6 +7,7 @@ use transport_core::conn::{
     Access, Applied, Config, Connection, Delivery, DropReason, Event, FlatMemory, Region,
     RemoteAddr, WorkRequest, WrOp,
 };
+use transport_core::time::Instant;
 use transport_core::wire::Qpn;
 
 /// Where each side's memory starts.
@@ -33,7 +34,7 @@ pub struct Pair<const P: usize, const W: usize, const S: usize, const Q: usize, 
     /// Side B, 10.0.0.2.
     pub b: Side<P, W, S, Q, R>,
     /// The time, ns.
-    pub now: u64,
+    pub now: Instant,
     /// Datagrams in flight: (to_b, src_port, bytes).
     pub wire: Vec<(bool, u16, Vec<u8>)>,
     /// Datagrams from `a` with these UDP source ports arrive marked Congestion Experienced.
@@ -133,7 +134,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         Pair {
             a: side(a, 1),
             b: side(b, 2),
-            now: 0,
+            now: Instant::ZERO,
             wire: Vec::new(),
             ce_ports: Vec::new(),
         }

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use transport_core::conn::{
     Completion, CompletionKind, RecvRequest, RemoteAddr, Status, WorkRequest, WrOp,
 };
+use transport_core::time::Instant;
 
 /// B's region over both of its buffers.
 pub(crate) const KEY_B: u32 = 0xb0b;
@@ -95,7 +96,7 @@ impl Workload {
 
     /// Posts the next messages (and B's receives for those that consume one) while fewer than
     /// half the queue are in flight and both connections take them.
-    pub fn post(&mut self, now: u64, a: &mut Endpoint, b: &mut Endpoint) {
+    pub fn post(&mut self, now: Instant, a: &mut Endpoint, b: &mut Endpoint) {
         let size = self.size;
         let res_base = BASE_A + 2 * size;
         while self.next_post < self.plan.len() && self.in_flight < Q / 2 {

@@ -26,6 +26,7 @@ use transport_core::conn::{
     compute_icrc, Access, CompletionKind, Config, Connection, Event, IcrcMode, RecvRequest, Region,
     RemoteAddr, WorkRequest, WrOp,
 };
+use transport_core::time::Instant as CoreInstant;
 use transport_core::wire::{BthRepr, Extensions, Psn, Qpn};
 
 type Conn = Connection<16, 4096, 2, 64, 4>;
@@ -60,7 +61,7 @@ fn sender() -> Box<Conn> {
             rkey: 9,
         },
     };
-    a.post(0, wr).unwrap();
+    a.post(CoreInstant::ZERO, wr).unwrap();
     a
 }
 
@@ -82,7 +83,7 @@ fn datagrams(n: usize) -> Vec<(u16, Vec<u8>)> {
     let mut buf = vec![0u8; 8192];
     let mut out = Vec::new();
     while out.len() < n {
-        let Some(tx) = a.poll_transmit(0, &mut buf) else {
+        let Some(tx) = a.poll_transmit(CoreInstant::ZERO, &mut buf) else {
             break;
         };
         buf[tx.header_len..tx.header_len + tx.payload_len].fill(0x3c);
@@ -116,7 +117,7 @@ fn bench_send(c: &mut Criterion) {
                 let n = left.min(batch as u64);
                 let start = Instant::now();
                 for _ in 0..n {
-                    black_box(a.poll_transmit(0, &mut buf).unwrap());
+                    black_box(a.poll_transmit(CoreInstant::ZERO, &mut buf).unwrap());
                 }
                 total += start.elapsed();
                 left -= n;
@@ -127,7 +128,7 @@ fn bench_send(c: &mut Criterion) {
     g.bench_function("seal_4k_icrc", |b| {
         let mut a = sender();
         let mut buf = vec![0u8; 8192];
-        let tx = a.poll_transmit(0, &mut buf).unwrap();
+        let tx = a.poll_transmit(CoreInstant::ZERO, &mut buf).unwrap();
         b.iter(|| a.seal(black_box(&tx), &mut buf))
     });
     g.finish();
@@ -157,7 +158,10 @@ fn bench_receive(c: &mut Criterion) {
                     let n = left.min(packets.len() as u64) as usize;
                     let start = Instant::now();
                     for (port, d) in &packets[..n] {
-                        black_box(rx.handle_datagram(0, *port, false, d).unwrap());
+                        black_box(
+                            rx.handle_datagram(CoreInstant::ZERO, *port, false, d)
+                                .unwrap(),
+                        );
                     }
                     total += start.elapsed();
                     left -= n as u64;
@@ -204,7 +208,7 @@ fn end(local: u8, remote: u8) -> Box<HostConn> {
 
 /// One hop: `from` posts a 2-byte Write with immediate and sends it; `to` takes it in, hands
 /// over its completions and posts its receive buffer again. Returns the datagram's length.
-fn hop(from: &mut HostConn, to: &mut HostConn, now: u64, id: u64, buf: &mut [u8]) -> usize {
+fn hop(from: &mut HostConn, to: &mut HostConn, now: CoreInstant, id: u64, buf: &mut [u8]) -> usize {
     from.post(
         now,
         WorkRequest {
@@ -250,7 +254,7 @@ fn round_trip(c: &mut Criterion) {
     let (mut a, mut b) = (end(1, 2), end(2, 1));
     let mut buf = vec![0u8; 8192];
     // Warm up into the steady state: every answer carries the ACK of its ping.
-    let mut now = 1_000;
+    let mut now = CoreInstant::from_nanos(1_000);
     let mut id = 1;
     for _ in 0..64 {
         hop(&mut a, &mut b, now, id, &mut buf);

@@ -22,4 +22,5 @@ extern crate std;
 pub mod conn;
 pub mod icrc;
 pub mod rate;
+pub mod time;
 pub mod wire;

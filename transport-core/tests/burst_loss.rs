@@ -9,6 +9,7 @@ mod common;
 use common::Pair;
 use proptest::prelude::*;
 use transport_core::conn::{Event, Status};
+use transport_core::time::Instant;
 use transport_core::wire::{BthRepr, Extensions, Opcode};
 
 const KEY: u32 = 0x44;
@@ -46,7 +47,7 @@ fn transfer(
 ) -> (u64, transport_core::conn::Counters) {
     let mut p = Pair::granting_writes(KEY);
     p.a.conn
-        .post(0, common::write_at(1, 0, 256 * 1024, KEY))
+        .post(Instant::ZERO, common::write_at(1, 0, 256 * 1024, KEY))
         .unwrap();
     let start = p.now;
     let mut probes = 0u64;
@@ -67,7 +68,7 @@ fn transfer(
         .iter()
         .any(|e| matches!(e, Event::Completion(c) if c.id == 1 && c.status == Status::Success)));
     assert!(p.a.mem[..256 * 1024] == p.b.mem[..256 * 1024]);
-    (p.now - start, *p.a.conn.counters())
+    (p.now.since(start), *p.a.conn.counters())
 }
 
 /// Path 2's first flight is lost whole (until its tail is probed).

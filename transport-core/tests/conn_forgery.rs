@@ -9,6 +9,7 @@ mod common;
 use common::{path_base, Pair, BASE};
 use proptest::prelude::*;
 use transport_core::conn::{compute_icrc, path_origin, DropReason, Event, Status, WorkRequest};
+use transport_core::time::Instant;
 use transport_core::wire::metaroce::{
     MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr, NackReason, SACK_BITS,
 };
@@ -122,7 +123,7 @@ fn finish_and_check(
 #[test]
 fn forged_nacks_in_the_window_neither_fail_nor_hold_up_a_write() {
     let mut p = pair();
-    p.a.conn.post(0, write(7, 0, 4096)).unwrap();
+    p.a.conn.post(Instant::ZERO, write(7, 0, 4096)).unwrap();
     p.transmit();
     let held = std::mem::take(&mut p.wire);
     // Every fatal reason, every path, PSNs in the window, path sequences a blind forger would
@@ -170,7 +171,7 @@ fn forged_nacks_in_the_window_neither_fail_nor_hold_up_a_write() {
 #[test]
 fn forged_acks_never_complete_a_write_the_peer_did_not_place() {
     let mut p = pair();
-    p.a.conn.post(0, write(9, 4096, 4096)).unwrap();
+    p.a.conn.post(Instant::ZERO, write(9, 4096, 4096)).unwrap();
     p.transmit();
     // Nothing reaches B yet.
     let held = std::mem::take(&mut p.wire);
@@ -196,7 +197,7 @@ fn forged_acks_never_complete_a_write_the_peer_did_not_place() {
 #[test]
 fn control_from_another_port_of_the_peer_is_refused_once_the_path_port_is_known() {
     let mut p = pair();
-    p.a.conn.post(0, write(1, 0, 1024)).unwrap();
+    p.a.conn.post(Instant::ZERO, write(1, 0, 1024)).unwrap();
     p.settle();
     assert_eq!(completions(&p.a.events), vec![(1, Status::Success)]);
     // A second Write; B's genuine ACK for it, replayed from another port of B's host, is
@@ -241,7 +242,9 @@ fn control_from_another_port_of_the_peer_is_refused_once_the_path_port_is_known(
 fn forged_probe_replies_do_not_revive_a_failed_path() {
     let mut p = pair();
     let dead = a_port(&p, 0);
-    p.a.conn.post(0, write(3, 0, 16 * 1024)).unwrap();
+    p.a.conn
+        .post(Instant::ZERO, write(3, 0, 16 * 1024))
+        .unwrap();
     // Path 0 loses everything until it has failed over at least once.
     let mut failed = false;
     for _ in 0..200_000 {
@@ -260,7 +263,7 @@ fn forged_probe_replies_do_not_revive_a_failed_path() {
     // The forger answers every probe sequence it might guess, with timestamps it might guess.
     let port = b_port(&p, 0);
     for seq in (0..64u32).chain((0..64).map(|k| u32::MAX - k)) {
-        for ts in [0u32, 1, p.now as u32] {
+        for ts in [0u32, 1, p.now.wire_timestamp()] {
             let probe = MrProbeRepr {
                 path_id: 0,
                 probe_seq: seq,
@@ -317,7 +320,7 @@ fn path_of(d: &[u8]) -> Option<u8> {
 #[test]
 fn an_old_psn_with_a_far_path_sequence_moves_no_path_state() {
     let mut p = pair();
-    p.a.conn.post(0, write(1, 0, 4096)).unwrap();
+    p.a.conn.post(Instant::ZERO, write(1, 0, 4096)).unwrap();
     p.settle();
     assert_eq!(completions(&p.a.events), vec![(1, Status::Success)]);
     p.a.events.clear();
@@ -363,9 +366,9 @@ fn an_old_psn_with_a_far_path_sequence_moves_no_path_state() {
     let c = p.a.conn.counters();
     assert_eq!((c.lost_by_sack, c.lost_by_timeout), (1, 0), "{c:?}");
     assert!(
-        p.now - start < 100_000,
+        p.now.since(start) < 100_000,
         "the repair took {} ns",
-        p.now - start
+        p.now.since(start)
     );
     assert!(p.a.mem[8192..8192 + 16 * 1024] == p.b.mem[8192..8192 + 16 * 1024]);
 }
@@ -380,7 +383,7 @@ fn bth_is_data(d: &[u8]) -> bool {
 #[test]
 fn forged_duplicates_and_probes_inject_no_marks_and_no_rtt() {
     let mut p = pair();
-    p.a.conn.post(0, write(1, 0, 8192)).unwrap();
+    p.a.conn.post(Instant::ZERO, write(1, 0, 8192)).unwrap();
     p.settle();
     let old = |p: &Pair, path: u8| {
         let data = MrDataRepr {
@@ -427,7 +430,7 @@ fn forged_duplicates_and_probes_inject_no_marks_and_no_rtt() {
         let probe = MrProbeRepr {
             path_id: path,
             probe_seq: 1,
-            timestamp: (p.now as u32).wrapping_sub(400_000_000),
+            timestamp: (p.now.wire_timestamp()).wrapping_sub(400_000_000),
             ts_echo: 0,
         };
         let port = a_port(&p, usize::from(path));
@@ -457,7 +460,7 @@ fn forged_duplicates_and_probes_inject_no_marks_and_no_rtt() {
 #[test]
 fn a_refusal_confirmed_from_a_moved_port_is_released() {
     let mut p = pair();
-    p.a.conn.post(0, write(1, 0, 1024)).unwrap();
+    p.a.conn.post(Instant::ZERO, write(1, 0, 1024)).unwrap();
     p.settle();
     // A Write with a key B never granted: B refuses it and holds the refusal.
     let mut bad = write(2, 1024, 1024);
@@ -663,7 +666,7 @@ proptest! {
         let mut p = pair();
         let writes: Vec<(u64, usize, usize)> = (0..6).map(|k| (k + 1, k as usize * 20_000, 3000 + k as usize * 2500)).collect();
         for &(id, off, len) in &writes {
-            p.a.conn.post(0, write(id, off as u64, len as u32)).unwrap();
+            p.a.conn.post(Instant::ZERO, write(id, off as u64, len as u32)).unwrap();
         }
         let mut n = 0usize;
         let mut fi = forgeries.iter().cycle();

@@ -9,6 +9,7 @@ use transport_core::conn::{
     compute_icrc, Access, CompletionKind, Delivery, DropReason, Event, RecvRequest, Region,
     RemoteAddr, Status, WorkRequest, WrOp,
 };
+use transport_core::time::Instant;
 use transport_core::wire::metaroce::{MrDataRepr, MrRemoteRepr, NackReason};
 use transport_core::wire::{BthRepr, Extensions, Opcode, Psn, Qpn};
 
@@ -51,7 +52,7 @@ fn a_granted_write_lands_and_completes() {
     let mut p = Pair::new();
     grant(&mut p, Access::REMOTE_WRITE, BASE, MEM as u64);
     p.a.conn
-        .post(0, write(1, BASE, 5000, BASE + 100, KEY))
+        .post(Instant::ZERO, write(1, BASE, 5000, BASE + 100, KEY))
         .unwrap();
     p.settle();
     assert!(p.b.mem[100..5100] == p.a.mem[..5000]);
@@ -110,10 +111,14 @@ fn wrong_key_bounds_overflow_and_rights_are_refused_and_nothing_is_written() {
         let mut p = Pair::new();
         grant(&mut p, access, BASE, MEM as u64);
         let before = p.b.mem.clone();
-        p.a.conn.post(0, write(1, BASE, len, va, rkey)).unwrap();
+        p.a.conn
+            .post(Instant::ZERO, write(1, BASE, len, va, rkey))
+            .unwrap();
         // The connection goes on: a good write after the bad one.
         grant_more(&mut p);
-        p.a.conn.post(0, write(2, BASE, 64, BASE2, KEY2)).unwrap();
+        p.a.conn
+            .post(Instant::ZERO, write(2, BASE, 64, BASE2, KEY2))
+            .unwrap();
         p.settle();
         let c = completions(&p.a.events);
         assert_eq!(c.len(), 2, "{name}: {c:?}");
@@ -266,7 +271,7 @@ fn a_flood_from_an_unknown_peer_leaves_the_real_peer_served_and_memory_bounded()
     let mut q = Pair::new();
     std::mem::swap(&mut q.b, &mut p.b);
     q.a.conn
-        .post(0, write(1, BASE, 3000, BASE + 0x1000, KEY))
+        .post(Instant::ZERO, write(1, BASE, 3000, BASE + 0x1000, KEY))
         .unwrap();
     q.settle();
     let c = completions(&q.a.events);
@@ -319,10 +324,14 @@ fn sends_match_receives_by_msn_and_overlong_sends_are_refused() {
         remote: RemoteAddr::default(),
     };
     p.a.conn
-        .post(0, send(1, 3000, WrOp::SendWithImm(0xabcd)))
+        .post(Instant::ZERO, send(1, 3000, WrOp::SendWithImm(0xabcd)))
         .unwrap();
-    p.a.conn.post(0, send(2, 200, WrOp::Send)).unwrap(); // too long for receive 11
-    p.a.conn.post(0, send(3, 50, WrOp::Send)).unwrap();
+    p.a.conn
+        .post(Instant::ZERO, send(2, 200, WrOp::Send))
+        .unwrap(); // too long for receive 11
+    p.a.conn
+        .post(Instant::ZERO, send(3, 50, WrOp::Send))
+        .unwrap();
     let before = p.b.mem.clone();
     p.settle();
     assert!(p.b.mem[..3000] == p.a.mem[..3000]);
@@ -358,8 +367,8 @@ fn reads_need_read_rights() {
         len: 2000,
         remote: RemoteAddr { va, rkey: KEY },
     };
-    p.a.conn.post(0, read(1, BASE + 10)).unwrap();
-    p.a.conn.post(0, read(2, BASE + 3000)).unwrap(); // runs past the region
+    p.a.conn.post(Instant::ZERO, read(1, BASE + 10)).unwrap();
+    p.a.conn.post(Instant::ZERO, read(2, BASE + 3000)).unwrap(); // runs past the region
     p.settle();
     assert!(p.a.mem[0x4_0000..0x4_0000 + 2000] == p.b.mem[10..2010]);
     let c = completions(&p.a.events);
@@ -398,11 +407,13 @@ fn atomics_compare_swap_and_fetch_add_with_rights() {
         (3, cas(42, 9), target, KEY),
         (4, WrOp::FetchAdd(1), BASE2, KEY2), // no atomic rights
     ] {
-        p.a.conn.post(0, atomic(id, op, va, rkey)).unwrap();
+        p.a.conn
+            .post(Instant::ZERO, atomic(id, op, va, rkey))
+            .unwrap();
     }
     assert_eq!(
         p.a.conn
-            .post(0, atomic(5, WrOp::FetchAdd(1), target + 4, KEY)),
+            .post(Instant::ZERO, atomic(5, WrOp::FetchAdd(1), target + 4, KEY)),
         Err(transport_core::conn::PostError::Misaligned)
     );
     p.settle();
@@ -453,7 +464,7 @@ fn an_atomic_that_overtakes_an_earlier_one_waits_for_it() {
     ] {
         p.a.conn
             .post(
-                0,
+                Instant::ZERO,
                 WorkRequest {
                     id,
                     op,
@@ -519,9 +530,11 @@ fn a_refused_read_completes_even_when_an_ack_overtakes_its_nack() {
     };
     // Out of bounds: refused. Then a good Write on another stream.
     p.a.conn
-        .post(0, wr(1, WrOp::Read, 0, BASE + 0x1000))
+        .post(Instant::ZERO, wr(1, WrOp::Read, 0, BASE + 0x1000))
         .unwrap();
-    p.a.conn.post(0, wr(2, WrOp::Write, 1, BASE)).unwrap();
+    p.a.conn
+        .post(Instant::ZERO, wr(2, WrOp::Write, 1, BASE))
+        .unwrap();
     p.transmit();
     for (to_b, port, bytes) in std::mem::take(&mut p.wire) {
         assert!(to_b);
@@ -565,9 +578,11 @@ fn a_lost_refusal_is_sent_again_and_the_write_never_completes_as_successful() {
     grant(&mut p, Access::REMOTE_WRITE, BASE, 0x1000);
     // Refused (past the end), then a good Write on the same stream.
     p.a.conn
-        .post(0, write(1, BASE, 64, BASE + 0x2000, KEY))
+        .post(Instant::ZERO, write(1, BASE, 64, BASE + 0x2000, KEY))
         .unwrap();
-    p.a.conn.post(0, write(2, BASE, 64, BASE, KEY)).unwrap();
+    p.a.conn
+        .post(Instant::ZERO, write(2, BASE, 64, BASE, KEY))
+        .unwrap();
     let mut first_nacks = 0;
     for _ in 0..20 {
         p.round(&mut |to_b, b| {
@@ -612,10 +627,12 @@ fn a_lost_refusal_is_sent_again_and_the_write_never_completes_as_successful() {
 fn an_overtaken_refusal_with_a_lost_confirmation_still_refuses_the_write() {
     let mut p = Pair::new();
     grant(&mut p, Access::REMOTE_WRITE, BASE, 0x1000);
-    p.a.conn.post(0, write(1, BASE, 64, BASE, KEY + 5)).unwrap();
+    p.a.conn
+        .post(Instant::ZERO, write(1, BASE, 64, BASE, KEY + 5))
+        .unwrap();
     for i in 0..6u64 {
         p.a.conn
-            .post(0, write(2 + i, BASE, 64, BASE + 64 * i, KEY))
+            .post(Instant::ZERO, write(2 + i, BASE, 64, BASE + 64 * i, KEY))
             .unwrap();
     }
     p.transmit();
@@ -676,7 +693,7 @@ fn unconfirmed_refusals_are_bounded_and_every_request_still_completes_refused() 
     for i in 0..16u64 {
         let mut wr = write(i, BASE, 64, BASE + 0x4000, KEY);
         wr.stream = (i % 2) as u16;
-        p.a.conn.post(0, wr).unwrap();
+        p.a.conn.post(Instant::ZERO, wr).unwrap();
     }
     let mut nacks_from_b = 0;
     for _ in 0..100 {

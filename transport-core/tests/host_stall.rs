@@ -6,6 +6,7 @@ mod common;
 
 use common::Pair;
 use transport_core::conn::Status;
+use transport_core::time::Instant;
 
 const KEY: u32 = 0x33;
 
@@ -14,7 +15,7 @@ fn a_stall_restarts_the_timers_and_what_arrived_meanwhile_settles_the_flight() {
     let mut p = Pair::granting_writes(KEY);
     let wr = common::write_at(1, 0, 8192, KEY);
 
-    p.a.conn.post(0, wr).unwrap();
+    p.a.conn.post(Instant::ZERO, wr).unwrap();
     p.transmit();
     let first_deadline = p.a.conn.poll_timeout().expect("a timer for the flight");
     // B takes everything and answers; A's host gives A no CPU until well past its timeout.
@@ -58,7 +59,7 @@ fn with_a_silent_peer(
     use transport_core::conn::Event;
     let mut p = Pair::granting_writes(KEY);
     p.a.conn
-        .post(0, common::write_at(1, 0, 256 * 1024, KEY))
+        .post(Instant::ZERO, common::write_at(1, 0, 256 * 1024, KEY))
         .unwrap();
     let start = p.now;
     let mut done = false;

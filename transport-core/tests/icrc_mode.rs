@@ -5,6 +5,7 @@ mod common;
 
 use common::{config, write_at, Pair};
 use transport_core::conn::{compute_icrc, Config, DropReason, Event, IcrcMode, Status};
+use transport_core::time::Instant;
 
 const KEY: u32 = 7;
 
@@ -42,7 +43,9 @@ fn completed(p: &Pair, id: u64) -> bool {
 #[test]
 fn two_ends_without_the_icrc_send_zero_and_deliver_every_byte() {
     let mut p = pair(IcrcMode::Off, IcrcMode::Off);
-    p.a.conn.post(0, write_at(1, 4096, 50_000, KEY)).unwrap();
+    p.a.conn
+        .post(Instant::ZERO, write_at(1, 4096, 50_000, KEY))
+        .unwrap();
     let seen = run(&mut p, 200);
     assert!(completed(&p, 1), "{:?}", p.a.events);
     assert_eq!(p.a.mem[4096..54_096], p.b.mem[4096..54_096]);
@@ -66,7 +69,9 @@ fn full_icrc_is_the_default_and_matches_an_independent_computation() {
         IcrcMode::Full
     );
     let mut p = pair(IcrcMode::Full, IcrcMode::Full);
-    p.a.conn.post(0, write_at(1, 0, 10_000, KEY)).unwrap();
+    p.a.conn
+        .post(Instant::ZERO, write_at(1, 0, 10_000, KEY))
+        .unwrap();
     let seen = run(&mut p, 100);
     assert!(completed(&p, 1));
     for (to_b, port, d) in &seen {
@@ -80,7 +85,9 @@ fn full_icrc_is_the_default_and_matches_an_independent_computation() {
 #[test]
 fn an_end_that_checks_drops_every_datagram_without_the_icrc_and_counts_it() {
     let mut p = pair(IcrcMode::Off, IcrcMode::Full);
-    p.a.conn.post(0, write_at(1, 0, 8_192, KEY)).unwrap();
+    p.a.conn
+        .post(Instant::ZERO, write_at(1, 0, 8_192, KEY))
+        .unwrap();
     let before = p.b.mem.clone();
     let mut dropped = 0;
     for _ in 0..50 {
@@ -104,7 +111,9 @@ fn an_end_that_checks_drops_every_datagram_without_the_icrc_and_counts_it() {
 #[test]
 fn send_only_sends_the_icrc_and_accepts_arrivals_unchecked() {
     let mut p = pair(IcrcMode::Full, IcrcMode::SendOnly);
-    p.a.conn.post(0, write_at(1, 0, 4_096, KEY)).unwrap();
+    p.a.conn
+        .post(Instant::ZERO, write_at(1, 0, 4_096, KEY))
+        .unwrap();
     p.transmit();
     let wire = std::mem::take(&mut p.wire);
     // A corrupted ICRC, which a checking end would drop, is accepted by B: its NIC checked.
@@ -134,7 +143,9 @@ fn a_port_the_runner_bound_instead_names_the_path_and_enters_its_icrc() {
     for path in 0..4u8 {
         p.a.conn.bind_path_port(path, 40_000 + u16::from(path));
     }
-    p.a.conn.post(0, write_at(1, 0, 16_384, KEY)).unwrap();
+    p.a.conn
+        .post(Instant::ZERO, write_at(1, 0, 16_384, KEY))
+        .unwrap();
     let seen = run(&mut p, 100);
     assert!(completed(&p, 1));
     let from_a: Vec<_> = seen.iter().filter(|(to_b, ..)| *to_b).collect();

@@ -5,8 +5,8 @@
 
 use proptest::prelude::*;
 use transport_core::rate::{
-    max_min_share, serialisation_ns, AckReport, Dcqcn, DcqcnParams, Pacer, PathAimd, Swift,
-    SwiftParams, Timely, TimelyParams, ONE_PACKET,
+    max_min_share, serialisation_ns, AckReport, Dcqcn, DcqcnParams, Instant, Pacer, PathAimd,
+    Swift, SwiftParams, Timely, TimelyParams, ONE_PACKET,
 };
 
 /// Max-min by the textbook: repeatedly give every unsatisfied sender an equal split of what is
@@ -68,7 +68,7 @@ proptest! {
         steps in prop::collection::vec((any::<bool>(), 0u32..300, 0u64..100_000), 1..200),
     ) {
         let mut p = PathAimd::new(max);
-        let mut now = 0u64;
+        let mut now = Instant::ZERO;
         for (marked, acked, dt) in steps {
             now += dt;
             let before = p.window();
@@ -89,8 +89,8 @@ proptest! {
         events in prop::collection::vec((0u8..3, 0u64..200_000, 0u64..1_000_000), 1..200),
     ) {
         let p = if vendor { DcqcnParams::vendor(line) } else { DcqcnParams::paper(line) };
-        let mut d = Dcqcn::new(p, 0);
-        let mut now = 0u64;
+        let mut d = Dcqcn::new(p, Instant::ZERO);
+        let mut now = Instant::ZERO;
         for (kind, dt, bytes) in events {
             now += dt;
             match kind {
@@ -128,7 +128,7 @@ proptest! {
     ) {
         let p = SwiftParams::htsim(max);
         let mut s = Swift::new(p);
-        let mut now = 0u64;
+        let mut now = Instant::ZERO;
         for (delay, acked, dt, hops) in acks {
             now += dt;
             let before = s.cwnd();
@@ -150,7 +150,7 @@ proptest! {
         steps in prop::collection::vec((any::<u32>(), 0u64..70_000, 0u64..1_000_000), 1..200),
     ) {
         let mut p = Pacer::default();
-        let (mut now, mut last) = (0u64, 0u64);
+        let (mut now, mut last) = (Instant::ZERO, Instant::ZERO);
         for (rate, bytes, dt) in steps {
             now += dt;
             let at = p.depart(now, bytes, rate, 65_536);

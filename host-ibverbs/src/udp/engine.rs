@@ -21,6 +21,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::rc::Rc;
 use std::time::Duration;
 use transport_core::conn::{Applied, Connection, Event, Memory, Region};
+use transport_core::time::Instant;
 use transport_core::wire::{Ecn, EtherType, EthernetRepr, Ipv4Repr, Ipv6Repr, MacAddr, UdpRepr};
 
 mod mems;
@@ -107,7 +108,7 @@ pub(crate) struct QpState {
     pub peer: Option<SocketAddr>,
     pub pending: Requests,
     /// When data for this queue pair last arrived (its sender counts in the fair share).
-    pub data_at: Option<u64>,
+    pub data_at: Option<Instant>,
 }
 
 /// How often the receiver's fair shares are computed again. ns.
@@ -133,7 +134,7 @@ pub(crate) struct Engine {
     /// The latest time handed to any connection: a datagram's kernel arrival time is used when it
     /// is later than this (it waited in the socket for this host's CPU), never earlier, so that
     /// the connections' clock never goes back.
-    clock_floor: u64,
+    clock_floor: Instant,
     pub rx: UdpSocket,
     pub local_ip: IpAddr,
     opts: SocketOptions,
@@ -164,12 +165,12 @@ pub(crate) struct Engine {
     rounds: u64,
     /// When the engine may next be expected to run: the start of the last round, or the end of
     /// the sleep it chose. A round that starts much later than this was not given the CPU.
-    expected_at: u64,
+    expected_at: Instant,
 
     /// Something arrived or was posted since the last send: the next round sends and completes.
     dirty: bool,
-    /// The earliest timer of any connection (`u64::MAX`: none), valid unless `deadline_stale`.
-    deadline: u64,
+    /// The earliest timer of any connection (`Instant::MAX`: none), valid unless `deadline_stale`.
+    deadline: Instant,
     /// A connection changed since `deadline` was computed.
     pub deadline_stale: bool,
     pub gso: bool,
@@ -183,7 +184,7 @@ pub(crate) struct Engine {
     /// line rate is configured.
     pub fair: Option<transport_core::rate::FairShare<QUEUE>>,
     /// When the fair shares are next computed.
-    share_at: u64,
+    share_at: Instant,
 }
 
 impl Engine {
@@ -198,7 +199,7 @@ impl Engine {
         let local_ip = rx.local_addr().ip();
         Engine {
             epoch: super::socket::monotonic_ns(),
-            clock_floor: 0,
+            clock_floor: Instant::ZERO,
             rx,
             local_ip,
             opts,
@@ -215,28 +216,28 @@ impl Engine {
             queued: Vec::new(),
             qpn_list: Vec::new(),
             rounds: 0,
-            expected_at: 0,
+            expected_at: Instant::ZERO,
             rx_want: 1,
             rx_full: false,
             dirty: true,
-            deadline: u64::MAX,
+            deadline: Instant::MAX,
             deadline_stale: true,
             gso,
             batch,
             busy_poll,
             release: Vec::new(),
             fair: None,
-            share_at: 0,
+            share_at: Instant::ZERO,
         }
     }
 
     /// Nanoseconds since the device opened.
-    pub fn now(&self) -> u64 {
-        since(self.epoch)
+    pub fn now(&self) -> Instant {
+        Instant::from_nanos(since(self.epoch))
     }
 
     /// `now()`, for a call into a connection: later arrivals are never dated before it.
-    pub fn stamp(&mut self) -> u64 {
+    pub fn stamp(&mut self) -> Instant {
         let t = self.now();
         self.clock_floor = self.clock_floor.max(t);
         t
@@ -265,7 +266,7 @@ impl Engine {
         // idle spin is one timer check and one receive call (with a full round now and then).
         let now = self.now();
         self.rounds = self.rounds.wrapping_add(1);
-        if now.saturating_sub(self.expected_at) > STALL_NS && self.expected_at != 0 {
+        if now.since(self.expected_at) > STALL_NS && self.expected_at != Instant::ZERO {
             self.host_stalled(now);
         }
         self.expected_at = now;
@@ -320,7 +321,7 @@ impl Engine {
             if self.deadline_stale {
                 self.refresh_deadline();
             }
-            let timeout = (wait.as_nanos() as u64).min(self.deadline.saturating_sub(now));
+            let timeout = (wait.as_nanos() as u64).min(self.deadline.since(now));
             // Waking later than asked (or than a datagram came) is the host's delay, not ours.
             self.expected_at = now + timeout;
             if timeout > 0 && self.rx.wait_readable_ns(timeout).unwrap_or(false) {
@@ -343,7 +344,7 @@ impl Engine {
     /// timers wait for may be sitting in this host's socket buffers, so everything that arrived
     /// is read first, and then the timers restart from now (a timeout must not count the time a
     /// packet waited for this host's own CPU).
-    fn host_stalled(&mut self, now: u64) {
+    fn host_stalled(&mut self, now: Instant) {
         self.counters.host_stalls += 1;
         for _ in 0..16 {
             if self.receive(now, RX_BATCH) < RX_BATCH {
@@ -362,7 +363,7 @@ impl Engine {
     /// The receiver's fair share: every connection that delivered data within
     /// [`SHARE_IDLE_NS`] counts as a sender wanting all it can get (its demand is what it would
     /// send unpaced), and each connection's ACKs carry its max-min share of the line rate.
-    fn share(&mut self, now: u64) {
+    fn share(&mut self, now: Instant) {
         self.share_at = now + SHARE_PERIOD_NS;
         let Some(fair) = self.fair.as_mut() else {
             return;
@@ -387,11 +388,11 @@ impl Engine {
             .values()
             .filter_map(|qp| qp.conn.as_ref()?.poll_timeout())
             .min()
-            .unwrap_or(u64::MAX);
+            .unwrap_or(Instant::MAX);
         self.deadline_stale = false;
     }
 
-    fn run_timers(&mut self, now: u64) -> bool {
+    fn run_timers(&mut self, now: Instant) -> bool {
         let mut fired = false;
         for qp in self.qps.values_mut() {
             if let Some(conn) = qp.conn.as_mut() {

@@ -207,7 +207,11 @@ impl QueuePair {
         user_id: u64,
         mr: &MemoryRegion,
         doorbell: bool,
-        f: impl FnOnce(&mut engine::Conn, u64, u64) -> Result<(), transport_core::conn::PostError>,
+        f: impl FnOnce(
+            &mut engine::Conn,
+            u64,
+            transport_core::time::Instant,
+        ) -> Result<(), transport_core::conn::PostError>,
     ) -> Result<(), Error> {
         let keep: engine::Keepalive = mr.inner.clone();
         let qpn = self.inner.qpn;

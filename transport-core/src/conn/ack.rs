@@ -71,7 +71,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         // When the oldest transmission this ACK newly reports left: an RTT sample cannot be
         // longer than its age (an echoed timestamp older than that is not one of ours).
         let mut oldest_sent = now;
-        let mut newest_sent = 0;
+        let mut newest_sent = Instant::ZERO;
         let mut s = una;
         while s != next && !highest.before(s) {
             let slot = s.0 as usize % PATH_RING;
@@ -125,11 +125,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if newly_acked {
             p.timeouts_in_row = 0;
             let rtt = u64::from(
-                (now as u32)
+                now.wire_timestamp()
                     .wrapping_sub(ack.ts_echo)
                     .wrapping_sub(ack.ack_delay),
             );
-            if rtt <= now.saturating_sub(oldest_sent) {
+            if rtt <= now.since(oldest_sent) {
                 rtt_sample(p, rtt);
                 let srtt = p.srtt;
                 if self.rate.on_rtt(i, rtt, srtt, now) {

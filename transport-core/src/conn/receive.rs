@@ -173,7 +173,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             p.timeouts_in_row = 0;
             p.probes_unanswered = 0;
             p.quiet_probes = 0;
-            let rtt = u64::from((now as u32).wrapping_sub(probe.ts_echo));
+            let rtt = u64::from(now.wire_timestamp().wrapping_sub(probe.ts_echo));
             rtt_sample(p, rtt);
             if p.failed {
                 p.failed = false;

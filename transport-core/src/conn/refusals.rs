@@ -87,7 +87,7 @@ impl<const N: usize> RefusalTable<N> {
         self.slots
             .iter()
             .flatten()
-            .map(|r| r.due.unwrap_or(0))
+            .map(|r| r.due.unwrap_or(Instant::ZERO))
             .min()
     }
 }

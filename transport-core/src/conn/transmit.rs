@@ -125,7 +125,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             ce_count: rx.ce,
             cum_seq: rx.sack.cumulative().0,
             ts_echo: rx.ts,
-            ack_delay: now.saturating_sub(rx.ts_at).min(u64::from(u32::MAX)) as u32,
+            ack_delay: now.since(rx.ts_at).min(u64::from(u32::MAX)) as u32,
             rate_hint: self.hint_out,
             sack: rx.sack.to_wire(),
         };
@@ -193,7 +193,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 let probe = MrProbeRepr {
                     path_id: i as u8,
                     probe_seq: seq,
-                    timestamp: now as u32,
+                    timestamp: now.wire_timestamp(),
                     ts_echo: ts,
                 };
                 let bth = self.bth(Opcode::MrProbeReply, Psn::new(0), 0, false);
@@ -209,7 +209,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             let p = &mut self.paths[i];
             if p.tail_probe_pending {
                 p.tail_probe_pending = false;
-                p.tail_probe_ts = Some(now as u32);
+                p.tail_probe_ts = Some(now.wire_timestamp());
                 p.tail_probe_at = now;
                 if p.tail_probe_tries == 0 {
                     p.tail_probe_cut = now;
@@ -272,7 +272,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let p = &mut self.paths[i];
         p.probe_superseded = p.probe_outstanding.then_some((p.probe_seq, p.probe_ts));
         p.probe_seq = p.probe_seq.wrapping_add(1);
-        p.probe_ts = now as u32;
+        p.probe_ts = now.wire_timestamp();
         p.probe_outstanding = true;
         let probe = MrProbeRepr {
             path_id: i as u8,
@@ -492,7 +492,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             msn: msg.msn,
             msg_offset: offset,
             msg_len: msg.len,
-            timestamp: now as u32,
+            timestamp: now.wire_timestamp(),
         };
         let remote = MrRemoteRepr {
             va: msg.remote.va,

@@ -3,8 +3,7 @@
 
 use crate::wire::metaroce::NackReason;
 
-/// Time in nanoseconds from an arbitrary epoch, supplied by the runner.
-pub type Instant = u64;
+pub use crate::time::Instant;
 
 /// The operation of a work request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

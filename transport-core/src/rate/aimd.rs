@@ -1,12 +1,14 @@
 //! ECN AIMD on one path's window.
 
+use crate::time::Instant;
+
 use super::{AckReport, ONE_PACKET};
 
 /// One path's ECN AIMD state: its window (1/256 packet units) and its last cut.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PathAimd {
     window: u32,
-    cut_at: Option<u64>,
+    cut_at: Option<Instant>,
 }
 
 impl PathAimd {
@@ -29,9 +31,7 @@ impl PathAimd {
     pub fn on_ack(&mut self, ack: AckReport, max_window: u32) -> bool {
         let max = max_window.max(1).saturating_mul(ONE_PACKET);
         if ack.marked {
-            let due = self
-                .cut_at
-                .is_none_or(|t| ack.now.saturating_sub(t) >= ack.srtt);
+            let due = self.cut_at.is_none_or(|t| ack.now.since(t) >= ack.srtt);
             if self.window > ONE_PACKET && due {
                 self.window = (self.window / 2).max(ONE_PACKET);
                 self.cut_at = Some(ack.now);
@@ -48,13 +48,14 @@ impl PathAimd {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::time::at;
 
     fn ack(acked: u32, marked: bool, now: u64) -> AckReport {
         AckReport {
             acked,
             marked,
             srtt: 10_000,
-            now,
+            now: at(now),
             hint_mbps: 0,
         }
     }

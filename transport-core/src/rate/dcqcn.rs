@@ -5,6 +5,8 @@
 //!
 //! Units: rates in Mb/s, time in ns, bytes, and α in 1/1024 (`ALPHA_ONE`).
 
+use crate::time::Instant;
+
 /// α = 1 in its fixed point.
 pub const ALPHA_ONE: u32 = 1024;
 
@@ -103,16 +105,16 @@ pub struct Dcqcn {
     /// Bytes sent toward the next byte-counter event.
     bytes: u64,
     /// When the rate timer last fired (or was reset by a cut).
-    timer_at: u64,
+    timer_at: Instant,
     /// When α last decayed (or was raised by a CNP).
-    alpha_at: u64,
+    alpha_at: Instant,
     /// When the rate was last cut.
-    cut_at: Option<u64>,
+    cut_at: Option<Instant>,
 }
 
 impl Dcqcn {
     /// A queue pair starting at line rate, with α at its initial value.
-    pub const fn new(p: DcqcnParams, now: u64) -> Self {
+    pub const fn new(p: DcqcnParams, now: Instant) -> Self {
         Dcqcn {
             p,
             rc: p.line_mbps,
@@ -145,11 +147,11 @@ impl Dcqcn {
     /// A CNP arrived: RT ← RC; RC ← RC (1 − α/2) (by at most `max_cut`, not below the minimum);
     /// α ← (1 − g) α + g; the timer and the byte counter start over. Returns whether the rate
     /// was cut (not within `min_cut_interval_ns` of the last cut).
-    pub fn on_cnp(&mut self, now: u64) -> bool {
+    pub fn on_cnp(&mut self, now: Instant) -> bool {
         self.advance(now);
         if self
             .cut_at
-            .is_some_and(|t| now.saturating_sub(t) < self.p.min_cut_interval_ns)
+            .is_some_and(|t| now.since(t) < self.p.min_cut_interval_ns)
         {
             return false;
         }
@@ -170,7 +172,7 @@ impl Dcqcn {
     }
 
     /// `bytes` left at `now`: byte-counter events.
-    pub fn on_sent(&mut self, now: u64, bytes: u64) {
+    pub fn on_sent(&mut self, now: Instant, bytes: u64) {
         self.advance(now);
         if self.p.byte_counter == 0 {
             return;
@@ -186,7 +188,7 @@ impl Dcqcn {
     /// Time passes to `now`: once the queue pair is rate-limited (after its first CNP), α decays
     /// once per α interval without a CNP, and the rate timer fires once per period (each an
     /// increase event).
-    pub fn advance(&mut self, now: u64) {
+    pub fn advance(&mut self, now: Instant) {
         if self.cut_at.is_none() {
             // Not rate-limited yet (no CNP so far): at line rate, α not kept.
             self.alpha_at = now;
@@ -194,7 +196,7 @@ impl Dcqcn {
             return;
         }
         if let Some(n) = now
-            .saturating_sub(self.alpha_at)
+            .since(self.alpha_at)
             .checked_div(self.p.alpha_interval_ns)
         {
             // After enough decays α is 0 whatever it was; no need to step further.
@@ -204,10 +206,7 @@ impl Dcqcn {
             }
             self.alpha_at += n * self.p.alpha_interval_ns;
         }
-        if let Some(n) = now
-            .saturating_sub(self.timer_at)
-            .checked_div(self.p.rate_timer_ns)
-        {
+        if let Some(n) = now.since(self.timer_at).checked_div(self.p.rate_timer_ns) {
             for _ in 0..n.min(4096) {
                 self.timer_events = self.timer_events.saturating_add(1);
                 self.increase();
@@ -242,16 +241,13 @@ impl Dcqcn {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct CnpGate {
-    last: Option<u64>,
+    last: Option<Instant>,
 }
 
 impl CnpGate {
     /// A CE-marked packet arrived at `now`: whether to send a CNP.
-    pub fn on_marked(&mut self, now: u64, interval_ns: u64) -> bool {
-        if self
-            .last
-            .is_some_and(|t| now.saturating_sub(t) < interval_ns)
-        {
+    pub fn on_marked(&mut self, now: Instant, interval_ns: u64) -> bool {
+        if self.last.is_some_and(|t| now.since(t) < interval_ns) {
             return false;
         }
         self.last = Some(now);
@@ -262,6 +258,7 @@ impl CnpGate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::time::at;
 
     // Values computed by hand from the equations of Zhu et al. (SIGCOMM 2015), section 3.3:
     // RC <- RC (1 - a/2), a <- (1 - g) a + g on a CNP; a <- (1 - g) a per interval without one;
@@ -270,15 +267,15 @@ mod tests {
     #[test]
     fn a_cnp_cuts_by_half_alpha_and_raises_alpha() {
         let p = DcqcnParams::paper(100_000);
-        let mut d = Dcqcn::new(p, 0);
-        assert!(d.on_cnp(0));
+        let mut d = Dcqcn::new(p, at(0));
+        assert!(d.on_cnp(at(0)));
         // a = 1: RC = 100000 * (1 - 1/2) = 50000; RT = 100000; a = (1020 * 1024 + 4 * 1024) / 1024.
         assert_eq!(
             (d.rate_mbps(), d.target_mbps(), d.alpha()),
             (50_000, 100_000, 1024)
         );
         // A second CNP at once (no α decay yet): 50000 * (1 - 512/1024) = 25000.
-        assert!(d.on_cnp(0));
+        assert!(d.on_cnp(at(0)));
         assert_eq!(d.rate_mbps(), 25_000);
         assert_eq!(d.target_mbps(), 50_000);
     }
@@ -286,14 +283,14 @@ mod tests {
     #[test]
     fn alpha_decays_by_one_minus_g_per_interval() {
         let p = DcqcnParams::paper(100_000);
-        let mut d = Dcqcn::new(p, 0);
-        d.on_cnp(0);
+        let mut d = Dcqcn::new(p, at(0));
+        d.on_cnp(at(0));
         // Two intervals of 55 us: 1024 * 1020/1024 = 1020, then 1020 * 1020 / 1024 = 1016.02 -> 1016.
-        d.advance(110_000);
+        d.advance(at(110_000));
         assert_eq!(d.alpha(), 1016);
         // A cut now takes a/2 = 508/1024 of the rate.
         let before = d.rate_mbps();
-        d.on_cnp(110_000);
+        d.on_cnp(at(110_000));
         assert_eq!(
             d.rate_mbps(),
             (u64::from(before) * (1024 - 508) / 1024) as u32
@@ -304,40 +301,40 @@ mod tests {
     fn recovery_runs_fast_then_additive_then_hyper() {
         // Timer only (no bytes sent), F = 5, R_AI = 40, R_HAI = 200, T = 60 us.
         let p = DcqcnParams::paper(100_000);
-        let mut d = Dcqcn::new(p, 0);
-        d.on_cnp(0); // RC 50000, RT 100000
-        d.advance(60_000); // T = 1 < F: RC = (100000 + 50000) / 2 = 75000
+        let mut d = Dcqcn::new(p, at(0));
+        d.on_cnp(at(0)); // RC 50000, RT 100000
+        d.advance(at(60_000)); // T = 1 < F: RC = (100000 + 50000) / 2 = 75000
         assert_eq!((d.rate_mbps(), d.target_mbps()), (75_000, 100_000));
-        d.advance(240_000); // T = 2..4: 87500, 93750, 96875
+        d.advance(at(240_000)); // T = 2..4: 87500, 93750, 96875
         assert_eq!(d.rate_mbps(), 96_875);
         // T = 5 = F (BC = 0 < F): additive, RT = 100000 (clamped at the line), RC = 98437.
-        d.advance(300_000);
+        d.advance(at(300_000));
         assert_eq!((d.rate_mbps(), d.target_mbps()), (98_437, 100_000));
         // Below the line to see the increases: cut twice, then run the timer to T = 6 with BC > F.
-        let mut d = Dcqcn::new(DcqcnParams::paper(100_000), 0);
-        d.on_cnp(0); // 50000 / RT 100000
-        d.on_cnp(0); // 25000 / RT 50000
-        d.advance(300_000); // T = 1..5: 37500, 43750, 46875, 48437, then AI: RT 50040, RC 49238
+        let mut d = Dcqcn::new(DcqcnParams::paper(100_000), at(0));
+        d.on_cnp(at(0)); // 50000 / RT 100000
+        d.on_cnp(at(0)); // 25000 / RT 50000
+        d.advance(at(300_000)); // T = 1..5: 37500, 43750, 46875, 48437, then AI: RT 50040, RC 49238
         assert_eq!((d.rate_mbps(), d.target_mbps()), (49_238, 50_040));
         // Six byte-counter events (1.8 MB) at T = 5: BC = 1..6, min(T, BC) <= 5: additive each.
-        d.on_sent(300_000, 6 * 300_000);
+        d.on_sent(at(300_000), 6 * 300_000);
         assert_eq!(d.target_mbps(), 50_040 + 6 * 40);
         // T = 6 with BC = 6: hyper, RT += 200 * (6 - 5).
         let rt = d.target_mbps();
-        d.advance(360_000);
+        d.advance(at(360_000));
         assert_eq!(d.target_mbps(), rt + 200);
     }
 
     #[test]
     fn the_vendor_profile_cuts_once_per_monitor_period_and_never_below_the_minimum() {
-        let mut d = Dcqcn::new(DcqcnParams::vendor(25_000), 0);
-        assert!(d.on_cnp(10_000));
+        let mut d = Dcqcn::new(DcqcnParams::vendor(25_000), at(0));
+        assert!(d.on_cnp(at(10_000)));
         // a = 1023: the cut is 511/1024: 25000 * 513 / 1024 = 12524.
         assert_eq!(d.rate_mbps(), 12_524);
-        assert!(!d.on_cnp(13_999), "within 4 us of the last cut");
-        assert!(d.on_cnp(14_000));
+        assert!(!d.on_cnp(at(13_999)), "within 4 us of the last cut");
+        assert!(d.on_cnp(at(14_000)));
         for t in 0..200 {
-            d.on_cnp(14_000 + 4_000 * (t + 1));
+            d.on_cnp(at(14_000 + 4_000 * (t + 1)));
         }
         assert!(d.rate_mbps() >= 1);
     }
@@ -345,8 +342,8 @@ mod tests {
     #[test]
     fn the_notification_point_sends_one_cnp_per_interval() {
         let mut g = CnpGate::default();
-        assert!(g.on_marked(0, 50_000));
-        assert!(!g.on_marked(49_999, 50_000));
-        assert!(g.on_marked(50_000, 50_000));
+        assert!(g.on_marked(at(0), 50_000));
+        assert!(!g.on_marked(at(49_999), 50_000));
+        assert!(g.on_marked(at(50_000), 50_000));
     }
 }

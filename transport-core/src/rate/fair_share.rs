@@ -3,6 +3,8 @@
 //!
 //! Units: rates in Mb/s, time in ns. Bounded: at most `N` senders are tracked at once.
 
+use crate::time::Instant;
+
 use heapless::Vec;
 
 /// One sender as the receiver sees it.
@@ -11,7 +13,7 @@ use heapless::Vec;
 struct Sender {
     id: u32,
     demand_mbps: u32,
-    last_seen: u64,
+    last_seen: Instant,
 }
 
 /// Why a sender was not taken in.
@@ -62,7 +64,7 @@ impl<const N: usize> FairShare<N> {
 
     /// Sender `id` was heard from at `now`, wanting `demand_mbps` (what it sent lately, or more
     /// when it is held back: the runner's estimate). A new sender is taken in at once.
-    pub fn heard(&mut self, id: u32, demand_mbps: u32, now: u64) -> Result<(), FairShareError> {
+    pub fn heard(&mut self, id: u32, demand_mbps: u32, now: Instant) -> Result<(), FairShareError> {
         self.expire(now);
         if let Some(s) = self.senders.iter_mut().find(|s| s.id == id) {
             s.demand_mbps = demand_mbps;
@@ -79,10 +81,9 @@ impl<const N: usize> FairShare<N> {
     }
 
     /// Forgets the senders not heard from within `idle_ns` of `now`.
-    pub fn expire(&mut self, now: u64) {
+    pub fn expire(&mut self, now: Instant) {
         let idle = self.idle_ns;
-        self.senders
-            .retain(|s| now.saturating_sub(s.last_seen) <= idle);
+        self.senders.retain(|s| now.since(s.last_seen) <= idle);
     }
 
     /// Sender `id`'s share, Mb/s: max-min fairness over every tracked sender's demand (a sender
@@ -133,6 +134,7 @@ pub fn max_min_share(capacity: u32, demands: impl Iterator<Item = u32> + Clone, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::time::at;
 
     #[test]
     fn shares_by_hand() {
@@ -154,13 +156,13 @@ mod tests {
     #[test]
     fn a_new_sender_gets_its_share_at_once_and_a_quiet_one_gives_it_back() {
         let mut f: FairShare<8> = FairShare::new(100_000, 50_000);
-        f.heard(1, u32::MAX, 0).unwrap();
+        f.heard(1, u32::MAX, at(0)).unwrap();
         assert_eq!(f.share(1), Some(100_000));
-        f.heard(2, u32::MAX, 10_000).unwrap();
+        f.heard(2, u32::MAX, at(10_000)).unwrap();
         assert_eq!(f.share(1), Some(50_000));
         assert_eq!(f.share(2), Some(50_000));
         // Sender 1 goes quiet; 50 us after it was last heard, 2 gets everything.
-        f.heard(2, u32::MAX, 60_000).unwrap();
+        f.heard(2, u32::MAX, at(60_000)).unwrap();
         assert_eq!(f.share(1), None);
         assert_eq!(f.share(2), Some(100_000));
     }
@@ -168,12 +170,12 @@ mod tests {
     #[test]
     fn the_table_is_bounded() {
         let mut f: FairShare<2> = FairShare::new(1_000, 1_000_000);
-        f.heard(1, 10, 0).unwrap();
-        f.heard(2, 10, 0).unwrap();
-        assert_eq!(f.heard(3, 10, 0), Err(FairShareError::Full));
+        f.heard(1, 10, at(0)).unwrap();
+        f.heard(2, 10, at(0)).unwrap();
+        assert_eq!(f.heard(3, 10, at(0)), Err(FairShareError::Full));
         assert_eq!(f.len(), 2);
         // Heard again: an update, not a new entry.
-        f.heard(2, 20, 1).unwrap();
+        f.heard(2, 20, at(1)).unwrap();
         assert_eq!(f.share(2), Some(20));
     }
 }

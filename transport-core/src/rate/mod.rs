@@ -17,6 +17,7 @@ mod pacer;
 mod swift;
 mod timely;
 
+pub use crate::time::Instant;
 pub use aimd::PathAimd;
 pub use dcqcn::{CnpGate, Dcqcn, DcqcnParams, ALPHA_ONE};
 pub use fair_share::{max_min_share, FairShare, FairShareError};
@@ -58,7 +59,7 @@ pub struct AckReport {
     /// The path's smoothed RTT, ns (the controllers' notion of "once per RTT").
     pub srtt: u64,
     /// When it arrived, ns.
-    pub now: u64,
+    pub now: Instant,
     /// The receiver's fair share for this sender, Mb/s (0: none).
     pub hint_mbps: u32,
 }
@@ -93,7 +94,7 @@ impl<const P: usize> RateControl<P> {
     pub fn new(algorithm: Algorithm, max_window: u32) -> Self {
         let max_window = max_window.max(1);
         let rate = match algorithm {
-            Algorithm::Dcqcn(p) => RateState::Dcqcn(Dcqcn::new(p, 0)),
+            Algorithm::Dcqcn(p) => RateState::Dcqcn(Dcqcn::new(p, Instant::ZERO)),
             Algorithm::Timely(p) => RateState::Timely(Timely::new(p)),
             Algorithm::Swift(p) => RateState::Swift(Swift::new(p)),
             Algorithm::EcnAimd | Algorithm::MetaRoce => RateState::None,
@@ -145,7 +146,7 @@ impl<const P: usize> RateControl<P> {
     /// An RTT sample of path `path` (ns) at `now`, for the delay-based controllers: Timely's
     /// gradient, Swift's delay against its target (as one hop; a fabric that reports hops would
     /// pass them). Returns whether it cut the rate or the window.
-    pub fn on_rtt(&mut self, path: usize, rtt_ns: u64, srtt_ns: u64, now: u64) -> bool {
+    pub fn on_rtt(&mut self, path: usize, rtt_ns: u64, srtt_ns: u64, now: Instant) -> bool {
         let _ = path;
         match &mut self.rate {
             RateState::Timely(t) => {
@@ -159,7 +160,7 @@ impl<const P: usize> RateControl<P> {
     }
 
     /// A congestion notification packet arrived (RoCEv2 mode). Returns whether it cut the rate.
-    pub fn on_cnp(&mut self, now: u64) -> bool {
+    pub fn on_cnp(&mut self, now: Instant) -> bool {
         match &mut self.rate {
             RateState::Dcqcn(d) => d.on_cnp(now),
             _ => false,
@@ -167,7 +168,7 @@ impl<const P: usize> RateControl<P> {
     }
 
     /// `bytes` left at `now` (DCQCN's byte counter and timers).
-    pub fn on_sent(&mut self, now: u64, bytes: u64) {
+    pub fn on_sent(&mut self, now: Instant, bytes: u64) {
         if let RateState::Dcqcn(d) = &mut self.rate {
             d.on_sent(now, bytes);
         }
@@ -175,13 +176,13 @@ impl<const P: usize> RateControl<P> {
 
     /// Path `path` lost a packet. The ECN controllers do not react: the fabric is lossy by
     /// design, and a loss is repaired, not read as congestion.
-    pub fn on_loss(&mut self, path: usize, _now: u64) {
+    pub fn on_loss(&mut self, path: usize, _now: Instant) {
         let _ = path;
     }
 
     /// Path `path` timed out. Swift's window falls to its minimum; the others do not react
     /// (timeouts lead to probes and failover).
-    pub fn on_timeout(&mut self, path: usize, _now: u64) {
+    pub fn on_timeout(&mut self, path: usize, _now: Instant) {
         let _ = path;
         if let RateState::Swift(s) = &mut self.rate {
             s.on_timeout();
@@ -254,7 +255,7 @@ impl<const P: usize> RateControl<P> {
 
     /// When a packet of `bytes` ready at `now` may leave at the current rate (with a burst of
     /// `burst_bytes` after idleness); the pacer books it.
-    pub fn departure(&mut self, now: u64, bytes: u64, burst_bytes: u64) -> u64 {
+    pub fn departure(&mut self, now: Instant, bytes: u64, burst_bytes: u64) -> Instant {
         let rate = self.rate_mbps();
         self.pacer.depart(now, bytes, rate, burst_bytes)
     }
@@ -262,7 +263,7 @@ impl<const P: usize> RateControl<P> {
     /// When a packet of `bytes` ready at `now` may leave (the pacer books nothing): `None` while
     /// the rate is unlimited.
     #[inline]
-    pub fn next_departure(&self, now: u64, bytes: u64, burst_bytes: u64) -> Option<u64> {
+    pub fn next_departure(&self, now: Instant, bytes: u64, burst_bytes: u64) -> Option<Instant> {
         if !self.paced() {
             return None;
         }
@@ -271,18 +272,13 @@ impl<const P: usize> RateControl<P> {
             return None;
         }
         let credit = serialisation_ns(burst_bytes.saturating_sub(bytes), rate);
-        Some(
-            self.pacer
-                .next_free()
-                .max(now.saturating_sub(credit))
-                .max(now),
-        )
+        Some(self.pacer.next_free().max(now.before(credit)).max(now))
     }
 
     /// A data packet of `bytes` left at `now`: the pacer books it (at a limited rate) and DCQCN's
     /// byte counter counts it.
     #[inline]
-    pub fn on_departure(&mut self, now: u64, bytes: u64, burst_bytes: u64) {
+    pub fn on_departure(&mut self, now: Instant, bytes: u64, burst_bytes: u64) {
         if !self.paced() {
             return;
         }

@@ -4,6 +4,8 @@
 //!
 //! Units: windows in 1/256 packet ([`super::ONE_PACKET`]), time in ns, factors in 1/1024.
 
+use crate::time::Instant;
+
 use super::ONE_PACKET;
 
 /// 1 in the fixed point of factors.
@@ -82,7 +84,7 @@ fn inv_sqrt(w: u32) -> u64 {
 pub struct Swift {
     p: SwiftParams,
     cwnd: u32,
-    decreased_at: Option<u64>,
+    decreased_at: Option<Instant>,
 }
 
 impl Swift {
@@ -116,7 +118,14 @@ impl Swift {
     /// connection whose RTT is `rtt_ns`. Below the target the window grows by ai per window
     /// (ai x acked when below one packet); at or above it, at most once per RTT, it shrinks by
     /// β (delay − target) / delay, at most max_mdf. Returns whether it shrank.
-    pub fn on_ack(&mut self, now: u64, acked: u32, delay_ns: u64, hops: u32, rtt_ns: u64) -> bool {
+    pub fn on_ack(
+        &mut self,
+        now: Instant,
+        acked: u32,
+        delay_ns: u64,
+        hops: u32,
+        rtt_ns: u64,
+    ) -> bool {
         let target = self.target_ns(hops);
         if delay_ns < target {
             let a = u64::from(acked);
@@ -128,10 +137,7 @@ impl Swift {
             self.cwnd = (u64::from(self.cwnd) + inc).min(u64::from(self.p.max_cwnd)) as u32;
             return false;
         }
-        if self
-            .decreased_at
-            .is_some_and(|t| now.saturating_sub(t) < rtt_ns)
-        {
+        if self.decreased_at.is_some_and(|t| now.since(t) < rtt_ns) {
             return false;
         }
         let cut = (self.p.beta * (delay_ns - target) / delay_ns.max(1)).min(self.p.max_mdf);
@@ -151,6 +157,7 @@ impl Swift {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::time::at;
 
     #[test]
     fn isqrt_is_the_floor_of_the_square_root() {
@@ -196,11 +203,11 @@ mod tests {
         let mut s = Swift::new(SwiftParams::htsim(100));
         s.cwnd = 10 * ONE_PACKET;
         // One packet acknowledged at 10 packets: + 256 * 256 / 2560 = 25.6 -> 25.
-        assert!(!s.on_ack(0, 1, 10_000, 0, 50_000));
+        assert!(!s.on_ack(at(0), 1, 10_000, 0, 50_000));
         assert_eq!(s.cwnd(), 10 * 256 + 25);
         // Below one packet: ai x acked.
         s.cwnd = 128;
-        s.on_ack(0, 1, 10_000, 0, 50_000);
+        s.on_ack(at(0), 1, 10_000, 0, 50_000);
         assert_eq!(s.cwnd(), 128 + 256);
     }
 
@@ -209,11 +216,14 @@ mod tests {
         let mut s = Swift::new(SwiftParams::htsim(100));
         // At 100 packets the target is 20 us. Delay 40 us: cut = 819 * 20000 / 40000 = 409;
         // cwnd = 25600 * 615 / 1024 = 15375.
-        assert!(s.on_ack(1_000, 1, 40_000, 0, 50_000));
+        assert!(s.on_ack(at(1_000), 1, 40_000, 0, 50_000));
         assert_eq!(s.cwnd(), 15_375);
-        assert!(!s.on_ack(50_999, 1, 400_000, 0, 50_000), "within one RTT");
+        assert!(
+            !s.on_ack(at(50_999), 1, 400_000, 0, 50_000),
+            "within one RTT"
+        );
         // A huge delay cuts by max_mdf (a half): 15375 * 512 / 1024 = 7687.
-        assert!(s.on_ack(51_000, 1, 10_000_000, 0, 50_000));
+        assert!(s.on_ack(at(51_000), 1, 10_000_000, 0, 50_000));
         assert_eq!(s.cwnd(), 7_687);
     }
 }

@@ -7,7 +7,7 @@ use transport_core::wire::Datagram;
 impl Engine {
     /// Reads what waits on the receive socket and hands it to the connections.
     /// Without batched calls, up to `want` calls of one datagram each, until one finds none.
-    pub(super) fn receive(&mut self, now: u64, want: usize) -> usize {
+    pub(super) fn receive(&mut self, now: Instant, want: usize) -> usize {
         if self.batch {
             return self.receive_call(now, want);
         }
@@ -23,7 +23,7 @@ impl Engine {
     }
 
     /// One receive call for up to `want` datagrams.
-    pub(super) fn receive_call(&mut self, now: u64, want: usize) -> usize {
+    pub(super) fn receive_call(&mut self, now: Instant, want: usize) -> usize {
         let Some(mut batch) = self.rx_batch.take() else {
             return 0;
         };
@@ -52,8 +52,7 @@ impl Engine {
             let (data, meta) = batch.get(i);
             let at = if meta.arrived_realtime > 0 {
                 let waited = real.saturating_sub(meta.arrived_realtime);
-                now.saturating_sub(waited)
-                    .clamp(self.clock_floor.min(now), now)
+                now.before(waited).clamp(self.clock_floor.min(now), now)
             } else {
                 now
             };
@@ -85,7 +84,7 @@ impl Engine {
 
     /// One datagram: demultiplex by destination QP, check the sender, hand it to the core and
     /// do what it answers.
-    pub(super) fn dispatch(&mut self, now: u64, meta: RecvMeta, d: &[u8]) {
+    pub(super) fn dispatch(&mut self, now: Instant, meta: RecvMeta, d: &[u8]) {
         let c = &mut self.counters;
         c.rx_packets += 1;
         c.rx_bytes += d.len() as u64;

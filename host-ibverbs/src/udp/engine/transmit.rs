@@ -93,7 +93,7 @@ pub(super) fn stage_of(
 impl Engine {
     /// Asks every connection for what it has to send, fills in payloads from memory, and sends
     /// it, one GSO call per path where consecutive datagrams allow.
-    pub(super) fn transmit(&mut self, now: u64) -> bool {
+    pub(super) fn transmit(&mut self, now: Instant) -> bool {
         let mut qpns = std::mem::take(&mut self.qpn_list);
         qpns.clear();
         qpns.extend(self.qps.keys().copied());
@@ -109,7 +109,7 @@ impl Engine {
     /// Sends at once what a queue pair can send, right after a post (a doorbell): an answer to
     /// a ping leaves without waiting for the next round of the loop. When the window is full (a
     /// bulk transfer) the connection has nothing to give and this costs one check.
-    pub fn kick(&mut self, qpn: u32, now: u64) {
+    pub fn kick(&mut self, qpn: u32, now: Instant) {
         self.dirty = true;
         // Data first, sent at once; then what else waits (the ACKs of what arrived).
         if self.transmit_qp(qpn, now, true) {
@@ -121,7 +121,7 @@ impl Engine {
     }
 
     /// Stages everything one queue pair has to send (only data packets with `data_only`).
-    pub(super) fn transmit_qp(&mut self, qpn: u32, now: u64, data_only: bool) -> bool {
+    pub(super) fn transmit_qp(&mut self, qpn: u32, now: Instant, data_only: bool) -> bool {
         let mut sent = false;
         let mut scratch = std::mem::take(&mut self.scratch);
         while let Some(qp) = self.qps.get_mut(&qpn) {
