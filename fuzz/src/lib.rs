@@ -107,7 +107,8 @@ fn pair_config(local: u8, remote: u8) -> transport_core::conn::Config {
 /// read destination) and is applied to the side's memory; no completion is reported twice.
 pub fn conn_pair(data: &[u8]) {
     use transport_core::conn::{
-        compute_icrc, entropy_port, Access, Delivery, Event, Region, RemoteAddr, WorkRequest, WrOp,
+        compute_icrc, entropy_port, Access, Delivery, Event, PathId, Region, RemoteAddr,
+        WorkRequest, WrOp,
     };
     let mut p = Pair::with_memory(pair_config(1, 2), pair_config(2, 1), MEM);
     let access = Access::REMOTE_WRITE.union(Access::REMOTE_READ);
@@ -161,7 +162,11 @@ pub fn conn_pair(data: &[u8]) {
             continue;
         }
         let (cfg_local, cfg_remote) = if to_b { (2, 1) } else { (1, 2) };
-        let port = entropy_port(pair_config(cfg_remote, cfg_local).entropy_seed, path, 0);
+        let port = entropy_port(
+            pair_config(cfg_remote, cfg_local).entropy_seed,
+            PathId(path),
+            0,
+        );
         if control & 0x10 != 0 && d.len() >= 16 {
             let cfg = pair_config(cfg_remote, cfg_local);
             let at = d.len() - 4;

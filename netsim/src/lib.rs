@@ -30,7 +30,7 @@ use endpoint::{Endpoint, BASE_B};
 use link::Link;
 use metaroce_frames::gen::Rng;
 use std::net::{IpAddr, Ipv4Addr};
-use transport_core::conn::{Access, Applied, Connection, Event, Region};
+use transport_core::conn::{Access, Applied, Connection, Event, PathId, Region};
 use transport_core::time::Instant;
 use workload::{Workload, COUNTERS, KEY_ATOM, KEY_B};
 
@@ -115,7 +115,7 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
     loop {
         // Kill the route of the failing path at its time.
         if !failed && now >= fail_at {
-            let p = usize::from(cfg.fail_path.unwrap_or(0));
+            let p = PathId(cfg.fail_path.unwrap_or(0));
             if let (Some(sa), Some(sb)) = (a.conn.path_stats(p), b.conn.path_stats(p)) {
                 link.kill((true, sa.src_port));
                 link.kill((false, sb.src_port));
@@ -134,7 +134,7 @@ fn simulate(cfg: &SelftestConfig) -> SelftestReport {
                         }
                     }
                     Event::PathFailed { path, .. } => {
-                        if Some(path) == cfg.fail_path && is_a && !report.path_failure_detected {
+                        if Some(path.0) == cfg.fail_path && is_a && !report.path_failure_detected {
                             report.path_failure_detected = true;
                             report.failure_detect_rtts =
                                 now.since(fail_at) as f64 / base_rtt as f64;

@@ -21,6 +21,7 @@ extern crate std;
 
 pub mod conn;
 pub mod icrc;
+pub mod path;
 pub mod rate;
 pub mod time;
 pub mod wire;

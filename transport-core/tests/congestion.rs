@@ -5,6 +5,7 @@
 mod common;
 
 use common::{Pair, BASE, MEM};
+use transport_core::conn::PathId;
 use transport_core::conn::{Event, RemoteAddr, Status, WorkRequest, WrOp};
 use transport_core::time::Instant;
 
@@ -79,7 +80,7 @@ fn settle_over_delay(p: &mut Pair, delay: u64) {
 
 fn sent(p: &Pair) -> Vec<u64> {
     (0..4)
-        .map(|i| p.a.conn.path_stats(i).unwrap().sent)
+        .map(|i| p.a.conn.path_stats(PathId(i)).unwrap().sent)
         .collect()
 }
 
@@ -89,7 +90,7 @@ fn without_marks_every_window_stays_at_its_maximum() {
     transfer(&mut p, 1);
     let max = p.a.conn.config().window_per_path;
     for i in 0..4 {
-        let s = p.a.conn.path_stats(i).unwrap();
+        let s = p.a.conn.path_stats(PathId(i)).unwrap();
         assert_eq!((s.cwnd, s.cwnd_cuts), (max, 0), "path {i}");
     }
     assert_eq!(p.a.conn.counters().cwnd_cuts, 0);
@@ -100,10 +101,10 @@ fn without_marks_every_window_stays_at_its_maximum() {
 #[test]
 fn marks_on_one_path_shrink_its_window_and_steer_packets_away() {
     let mut p = pair();
-    let marked = p.a.conn.path_stats(0).unwrap().src_port;
+    let marked = p.a.conn.path_stats(PathId(0)).unwrap().src_port;
     p.ce_ports.push(marked);
     transfer(&mut p, 1);
-    let s0 = p.a.conn.path_stats(0).unwrap();
+    let s0 = p.a.conn.path_stats(PathId(0)).unwrap();
     let max = p.a.conn.config().window_per_path;
     assert!(s0.ecn_marks > 0);
     // From 16 packets down to 1, halving at most once per round trip: four cuts, though
@@ -111,7 +112,7 @@ fn marks_on_one_path_shrink_its_window_and_steer_packets_away() {
     assert_eq!((s0.cwnd, s0.cwnd_cuts), (1, 4), "{s0:?}");
     assert!(s0.ecn_marks > 4 * s0.cwnd_cuts, "{s0:?}");
     for i in 1..4 {
-        let s = p.a.conn.path_stats(i).unwrap();
+        let s = p.a.conn.path_stats(PathId(i)).unwrap();
         assert_eq!((s.cwnd, s.cwnd_cuts), (max, 0), "clear path {i}");
     }
     let s = sent(&p);
@@ -125,19 +126,19 @@ fn marks_on_one_path_shrink_its_window_and_steer_packets_away() {
 #[test]
 fn the_window_grows_back_once_marks_stop() {
     let mut p = pair();
-    let marked = p.a.conn.path_stats(0).unwrap().src_port;
+    let marked = p.a.conn.path_stats(PathId(0)).unwrap().src_port;
     p.ce_ports.push(marked);
     transfer(&mut p, 1);
-    let low = p.a.conn.path_stats(0).unwrap().cwnd;
+    let low = p.a.conn.path_stats(PathId(0)).unwrap().cwnd;
     p.ce_ports.clear();
     transfer(&mut p, 2);
-    let grown = p.a.conn.path_stats(0).unwrap().cwnd;
+    let grown = p.a.conn.path_stats(PathId(0)).unwrap().cwnd;
     // About one packet per round trip: a few more transfers bring it to the maximum.
     let max = p.a.conn.config().window_per_path;
     for id in 3..10 {
         transfer(&mut p, id);
     }
-    let s0 = p.a.conn.path_stats(0).unwrap();
+    let s0 = p.a.conn.path_stats(PathId(0)).unwrap();
     assert!(
         low == 1 && grown > low + 4 && s0.cwnd == max,
         "{low} -> {grown} -> {}",
@@ -162,10 +163,10 @@ fn metaroce_marks_trim_the_path_that_saw_them_and_the_connection() {
     let mut p = pair_with(transport_core::rate::Algorithm::MetaRoce);
     let max = p.a.conn.config().window_per_path;
     assert_eq!(p.a.conn.rate_status().connection_window, 4 * max);
-    let marked = p.a.conn.path_stats(0).unwrap().src_port;
+    let marked = p.a.conn.path_stats(PathId(0)).unwrap().src_port;
     p.ce_ports.push(marked);
     transfer(&mut p, 1);
-    let s0 = p.a.conn.path_stats(0).unwrap();
+    let s0 = p.a.conn.path_stats(PathId(0)).unwrap();
     assert!(s0.cwnd < max && s0.cwnd_cuts > 0, "{s0:?}");
     let conn = p.a.conn.rate_status().connection_window;
     assert!(
@@ -174,7 +175,11 @@ fn metaroce_marks_trim_the_path_that_saw_them_and_the_connection() {
     );
     // The clear paths keep their own windows; the connection's bounds what they may carry.
     for i in 1..4 {
-        assert_eq!(p.a.conn.path_stats(i).unwrap().cwnd, max, "path {i}");
+        assert_eq!(
+            p.a.conn.path_stats(PathId(i)).unwrap().cwnd,
+            max,
+            "path {i}"
+        );
     }
     // Without marks the connection window grows back.
     p.ce_ports.clear();

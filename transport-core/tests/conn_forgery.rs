@@ -8,6 +8,7 @@ mod common;
 
 use common::{path_base, Pair, BASE};
 use proptest::prelude::*;
+use transport_core::conn::PathId;
 use transport_core::conn::{compute_icrc, path_origin, DropReason, Event, Status, WorkRequest};
 use transport_core::time::Instant;
 use transport_core::wire::metaroce::{
@@ -82,12 +83,12 @@ fn nack(path: u8, reason: NackReason, path_seq: u32) -> Extensions {
 }
 
 /// The UDP source port B's path `i` sends from (what a local user could read off a stats file).
-fn b_port(p: &Pair, i: usize) -> u16 {
-    p.b.conn.path_stats(i).unwrap().src_port
+fn b_port(p: &Pair, i: u8) -> u16 {
+    p.b.conn.path_stats(PathId(i)).unwrap().src_port
 }
 
-fn a_port(p: &Pair, i: usize) -> u16 {
-    p.a.conn.path_stats(i).unwrap().src_port
+fn a_port(p: &Pair, i: u8) -> u16 {
+    p.a.conn.path_stats(PathId(i)).unwrap().src_port
 }
 
 fn completions(events: &[Event]) -> Vec<(u64, Status)> {
@@ -137,7 +138,7 @@ fn forged_nacks_in_the_window_neither_fail_nor_hold_up_a_write() {
         ] {
             for psn in 0..4 {
                 for guess in [0u32, 1, 2, 3, 0xffff_ffff] {
-                    for port in [b_port(&p, usize::from(path)), 0xc001] {
+                    for port in [b_port(&p, path), 0xc001] {
                         let d = forge(false, port, psn, Opcode::MrNack, nack(path, reason, guess));
                         let r = p.deliver(false, port, &d);
                         assert!(
@@ -177,7 +178,7 @@ fn forged_acks_never_complete_a_write_the_peer_did_not_place() {
     let held = std::mem::take(&mut p.wire);
     let full = [0xffu8; SACK_BITS / 8];
     for path in 0..4u8 {
-        let port = b_port(&p, usize::from(path));
+        let port = b_port(&p, path);
         // A cumulative PSN over the whole Write, with cumulative path points and bitvectors a
         // forger would try (the sequence numbers start at random in a real connection).
         for cum_seq in [0u32, 1, 4, 16, 0x8000_0000, u32::MAX] {
@@ -249,11 +250,15 @@ fn forged_probe_replies_do_not_revive_a_failed_path() {
     let mut failed = false;
     for _ in 0..200_000 {
         p.round(&mut |to_b, b| to_b && path_of(b) == Some(0));
-        if p.a
-            .events
-            .iter()
-            .any(|e| matches!(e, Event::PathFailed { path: 0, .. }))
-        {
+        if p.a.events.iter().any(|e| {
+            matches!(
+                e,
+                Event::PathFailed {
+                    path: PathId(0),
+                    ..
+                }
+            )
+        }) {
             failed = true;
             break;
         }
@@ -293,7 +298,7 @@ fn forged_probe_replies_do_not_revive_a_failed_path() {
     let restored = |p: &Pair| {
         p.a.events
             .iter()
-            .any(|e| matches!(e, Event::PathRestored { path: 0 }))
+            .any(|e| matches!(e, Event::PathRestored { path: PathId(0) }))
     };
     for _ in 0..100_000 {
         if restored(&p) {
@@ -326,7 +331,7 @@ fn an_old_psn_with_a_far_path_sequence_moves_no_path_state() {
     p.a.events.clear();
     // PSN 0 has arrived: a copy of it claiming a path sequence far ahead is a duplicate, and is
     // dropped before it can slide path 0's window past everything in between.
-    let far = path_origin(path_base(1), 0).0.wrapping_add(100_000);
+    let far = path_origin(path_base(1), PathId(0)).0.wrapping_add(100_000);
     let data = MrDataRepr {
         path_id: 0,
         path_seq: far,
@@ -388,7 +393,7 @@ fn forged_duplicates_and_probes_inject_no_marks_and_no_rtt() {
     let old = |p: &Pair, path: u8| {
         let data = MrDataRepr {
             path_id: path,
-            path_seq: path_origin(path_base(1), path).0,
+            path_seq: path_origin(path_base(1), PathId(path)).0,
             msg_len: 8,
             ..Default::default()
         };
@@ -399,12 +404,12 @@ fn forged_duplicates_and_probes_inject_no_marks_and_no_rtt() {
                 rkey: KEY,
             },
         );
-        forge(true, a_port(p, usize::from(path)), 0, Opcode::MrWrite, ext)
+        forge(true, a_port(p, path), 0, Opcode::MrWrite, ext)
     };
     for round in 0..50 {
         for path in 0..4u8 {
             let d = old(&p, path);
-            let port = a_port(&p, usize::from(path));
+            let port = a_port(&p, path);
             assert_eq!(
                 p.deliver_marked(true, port, &d, true),
                 Err(DropReason::Duplicate)
@@ -433,7 +438,7 @@ fn forged_duplicates_and_probes_inject_no_marks_and_no_rtt() {
             timestamp: (p.now.wire_timestamp()).wrapping_sub(400_000_000),
             ts_echo: 0,
         };
-        let port = a_port(&p, usize::from(path));
+        let port = a_port(&p, path);
         let d = forge(true, port, 0, Opcode::MrProbe, Extensions::MrProbe(probe));
         p.deliver(true, port, &d).unwrap();
     }
@@ -441,7 +446,7 @@ fn forged_duplicates_and_probes_inject_no_marks_and_no_rtt() {
     let c = p.a.conn.counters();
     assert_eq!((c.ecn_marks_echoed, c.cwnd_cuts), (0, 0), "{c:?}");
     for path in 0..4 {
-        let s = p.a.conn.path_stats(path).unwrap();
+        let s = p.a.conn.path_stats(PathId(path)).unwrap();
         assert!(
             s.rtt_smoothed < 1_000_000,
             "path {path}: srtt {} ns",
@@ -560,7 +565,7 @@ fn forgery() -> impl Strategy<Value = (bool, bool, Forgery)> {
 }
 
 fn forged_bytes(p: &Pair, to_b: bool, real_port: bool, f: &Forgery) -> (u16, Vec<u8>) {
-    let path = |x: u8| usize::from(x % 4);
+    let path = |x: u8| x % 4;
     let port = |x: u8| match (real_port, to_b) {
         (false, _) => 0xc000 | u16::from(x) << 4,
         (true, false) => b_port(p, path(x)),

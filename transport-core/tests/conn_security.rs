@@ -5,6 +5,7 @@
 mod common;
 
 use common::{Pair, BASE, MEM};
+use transport_core::conn::PathId;
 use transport_core::conn::{
     compute_icrc, Access, CompletionKind, Delivery, DropReason, Event, RecvRequest, Region,
     RemoteAddr, Status, WorkRequest, WrOp,
@@ -167,7 +168,7 @@ fn forged_with(
     before: &[u8],
 ) -> (u16, Vec<u8>) {
     let cfg = common::config(1, 2);
-    let port = transport_core::conn::entropy_port(cfg.entropy_seed, 0, 0);
+    let port = transport_core::conn::entropy_port(cfg.entropy_seed, PathId(0), 0);
     let bth = BthRepr {
         opcode: Opcode::MrWrite,
         solicited: false,

@@ -4,6 +4,7 @@
 mod common;
 
 use common::{config, write_at, Pair};
+use transport_core::conn::PathId;
 use transport_core::conn::{compute_icrc, Config, DropReason, Event, IcrcMode, Status};
 use transport_core::time::Instant;
 
@@ -141,7 +142,8 @@ fn send_only_sends_the_icrc_and_accepts_arrivals_unchecked() {
 fn a_port_the_runner_bound_instead_names_the_path_and_enters_its_icrc() {
     let mut p = pair(IcrcMode::Full, IcrcMode::Full);
     for path in 0..4u8 {
-        p.a.conn.bind_path_port(path, 40_000 + u16::from(path));
+        p.a.conn
+            .bind_path_port(PathId(path), 40_000 + u16::from(path));
     }
     p.a.conn
         .post(Instant::ZERO, write_at(1, 0, 16_384, KEY))
@@ -155,7 +157,7 @@ fn a_port_the_runner_bound_instead_names_the_path_and_enters_its_icrc() {
     }
     for path in 0..4 {
         assert_eq!(
-            p.a.conn.path_stats(path).unwrap().src_port,
+            p.a.conn.path_stats(PathId(path)).unwrap().src_port,
             40_000 + path as u16
         );
     }

@@ -5,6 +5,7 @@
 mod common;
 
 use common::{Pair, BASE};
+use transport_core::conn::PathId;
 use transport_core::conn::{
     Access, CompletionKind, Event, RecvRequest, Region, RemoteAddr, Status, WorkRequest, WrOp,
 };
@@ -134,7 +135,7 @@ fn a_ping_pong_carries_its_acks_on_the_data() {
     // One message at a time: every ping stayed on the first path (nothing in flight to spray),
     // and its RTT is measured through the carried ACKs (B held each ping 0 ns here).
     let used: Vec<_> = (0..4)
-        .map(|i| p.a.conn.path_stats(i).unwrap())
+        .map(|i| p.a.conn.path_stats(PathId(i)).unwrap())
         .filter(|s| s.sent > 0)
         .collect();
     assert_eq!(used.len(), 1, "{used:?}");
@@ -313,7 +314,7 @@ fn a_carried_ack_is_taken_after_the_answer_as_of_its_arrival() {
     assert_eq!(done(&p.a.events, CompletionKind::Write), 1);
     assert!(p.a.conn.is_idle());
     let path = (0..4)
-        .map(|i| p.a.conn.path_stats(i).unwrap())
+        .map(|i| p.a.conn.path_stats(PathId(i)).unwrap())
         .find(|s| s.sent > 0)
         .unwrap();
     assert_eq!((path.acked, path.retransmitted), (1, 0));
@@ -361,7 +362,7 @@ fn an_ack_carried_on_another_paths_packet_is_taken() {
     assert_eq!(wire.len(), 1);
     let (to_b, port, bytes) = &wire[0];
     assert!(!to_b && kind(bytes).1, "a data packet carrying an ACK");
-    assert_ne!(*port, p.b.conn.path_stats(0).unwrap().src_port);
+    assert_ne!(*port, p.b.conn.path_stats(PathId(0)).unwrap().src_port);
     p.deliver(false, *port, bytes).unwrap();
     p.a.conn.handle_timeout(p.now);
     let c = p.a.conn.counters();

@@ -8,6 +8,7 @@ mod common;
 use common::{Pair, BASE, MEM};
 use proptest::prelude::*;
 use std::collections::{BTreeSet, HashSet};
+use transport_core::conn::PathId;
 use transport_core::conn::{
     psn_before, psn_diff, Access, Arrival, Delivery, Event, PathSeq, RecvRequest, Region,
     RemoteAddr, SackBitmap, Status, WorkRequest, WrOp,
@@ -189,8 +190,8 @@ proptest! {
                 // are cut no more often than marks came back.
                 let max = side.conn.config().window_per_path;
                 let mut cuts = 0;
-                for i in 0..usize::from(side.conn.config().paths) {
-                    let s = side.conn.path_stats(i).unwrap();
+                for i in 0..side.conn.config().paths {
+                    let s = side.conn.path_stats(PathId(i)).unwrap();
                     prop_assert!(s.cwnd >= 1 && s.cwnd <= max, "path {} window {}", i, s.cwnd);
                     prop_assert!(s.cwnd_cuts <= s.ecn_marks, "path {}: {:?}", i, s);
                     cuts += s.cwnd_cuts;

@@ -446,8 +446,8 @@ impl Engine {
             .iter()
             .filter_map(|(qpn, qp)| {
                 let conn = qp.conn.as_ref()?;
-                let paths = (0..usize::from(conn.config().paths))
-                    .filter_map(|i| conn.path_stats(i))
+                let paths = (0..conn.config().paths)
+                    .filter_map(|i| conn.path_stats(transport_core::conn::PathId(i)))
                     .collect();
                 Some(QpSnapshot {
                     qpn: *qpn,

@@ -509,7 +509,7 @@ fn paths_whose_ports_are_taken_send_from_other_ports_with_a_good_icrc() {
     let seed = qa.inner.seed;
     let held: Vec<std::net::UdpSocket> = (0..4u8)
         .filter_map(|i| {
-            let port = transport_core::conn::entropy_port(seed, i, 0);
+            let port = transport_core::conn::entropy_port(seed, transport_core::conn::PathId(i), 0);
             std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, port)).ok()
         })
         .collect();
@@ -555,7 +555,8 @@ fn paths_whose_ports_are_taken_send_from_other_ports_with_a_good_icrc() {
     }
     let moved = (0..4u8)
         .filter(|&i| {
-            tx_paths[usize::from(i)].src_port != transport_core::conn::entropy_port(seed, i, 0)
+            tx_paths[usize::from(i)].src_port
+                != transport_core::conn::entropy_port(seed, transport_core::conn::PathId(i), 0)
         })
         .count();
     assert_eq!(moved, held.len(), "exactly the held paths moved");

@@ -43,7 +43,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         // on a data packet of any path, from that path's port.
         let (port_path, src_port) = match origin {
             AckOrigin::Own { src_port } => (i, src_port),
-            AckOrigin::Carried { src_port, via_path } => (usize::from(via_path), src_port),
+            AckOrigin::Carried { src_port, via_path } => (via_path.index(), src_port),
         };
         if port_path >= usize::from(self.cfg.paths) || !self.on_path_port(port_path, src_port) {
             return Err(DropReason::WrongPort);
@@ -93,7 +93,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     let pk = &self.pkts[psn.get() as usize % W];
                     // Only the packet's latest transmission counts: an older one may have been
                     // refused for want of a receive buffer and be waiting to go again.
-                    let latest = usize::from(pk.path) == i && pk.seq == s;
+                    let latest = pk.path.index() == i && pk.seq == s;
                     if self.in_tx_window(psn) && !pk.acked && latest {
                         self.pkts[psn.get() as usize % W].acked = true;
                         self.counters.acked += 1;
@@ -132,7 +132,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             if rtt <= now.since(oldest_sent) {
                 rtt_sample(p, rtt);
                 let srtt = p.srtt;
-                if self.rate.on_rtt(i, rtt, srtt, now) {
+                if self.rate.on_rtt(PathId(i as u8), rtt, srtt, now) {
                     self.paths[i].stats.cwnd_cuts += 1;
                     self.counters.cwnd_cuts += 1;
                 }
@@ -290,7 +290,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         self.drop_transmission(i, seq, now);
         self.paths[i].stats.lost += 1;
         self.counters.lost_by_sack += 1;
-        self.rate.on_loss(i, now);
+        self.rate.on_loss(PathId(i as u8), now);
     }
 
     /// Moves a path's oldest unresolved transmission past resolved ones.

@@ -30,7 +30,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             now,
             hint_mbps,
         };
-        if self.rate.on_ack(i, report) {
+        if self.rate.on_ack(PathId(i as u8), report) {
             self.paths[i].stats.cwnd_cuts += 1;
             self.counters.cwnd_cuts += 1;
         }

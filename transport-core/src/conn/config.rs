@@ -146,8 +146,8 @@ impl Config {
 
 /// The first sequence number of path `path` when a connection's path sequences start at `base`
 /// (paths start far apart, so one path's numbers say nothing of another's).
-pub fn path_origin(base: u32, path: u8) -> PathSeq {
-    PathSeq(base.wrapping_add(u32::from(path).wrapping_mul(0x9e37_79b9)))
+pub fn path_origin(base: u32, path: PathId) -> PathSeq {
+    PathSeq(base.wrapping_add(u32::from(path.0).wrapping_mul(0x9e37_79b9)))
 }
 
 /// How far back from a path's next sequence number an ACK or NACK may name a transmission. A
@@ -157,8 +157,8 @@ pub(super) const SEQ_HISTORY: u64 = 1 << 16;
 
 /// The UDP source port of a path: a hash of the seed, the path and how many times it failed,
 /// in the range 0xC000-0xFFFF that RoCEv2 uses for entropy.
-pub fn entropy_port(seed: u32, path: u8, generation: u16) -> u16 {
-    let mut x = seed ^ (u32::from(path) << 16) ^ u32::from(generation).wrapping_mul(0x9e37_79b9);
+pub fn entropy_port(seed: u32, path: PathId, generation: u16) -> u16 {
+    let mut x = seed ^ (u32::from(path.0) << 16) ^ u32::from(generation).wrapping_mul(0x9e37_79b9);
     x ^= x >> 16;
     x = x.wrapping_mul(0x7feb_352d);
     x ^= x >> 15;

@@ -76,7 +76,7 @@ const PATH_RING: usize = SACK_BITS;
 /// An empty slot in a path ring.
 const NO_PSN: u32 = u32::MAX;
 /// The path of a packet whose last transmission no longer counts (refused receiver-not-ready).
-const NO_PATH: u8 = u8::MAX;
+const NO_PATH: PathId = PathId(u8::MAX);
 /// Tail probes sent before the silence of a path's tail is taken as the loss of what it carried
 /// (one more than one: a lost probe or a lost answer alone must not declare a window lost).
 const TAIL_PROBE_TRIES: u8 = 2;
@@ -179,8 +179,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             state: PathState::Active,
             generation: 0,
             failed: false,
-            next_seq: path_origin(cfg.initial_path_seq, i as u8),
-            una: path_origin(cfg.initial_path_seq, i as u8),
+            next_seq: path_origin(cfg.initial_path_seq, PathId(i as u8)),
+            una: path_origin(cfg.initial_path_seq, PathId(i as u8)),
             ring_psn: [NO_PSN; PATH_RING],
             ring_sent: [Instant::ZERO; PATH_RING],
             srtt: 0,
@@ -205,13 +205,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             timer_from: Instant::ZERO,
             last_ack_at: Instant::ZERO,
             stats: PathStats {
-                src_port: entropy_port(cfg.entropy_seed, i as u8, 0),
+                src_port: entropy_port(cfg.entropy_seed, PathId(i as u8), 0),
                 active: i < usize::from(cfg.paths),
                 ..PathStats::default()
             },
         };
         let rx_path = |i: usize| RxPath {
-            sack: SackBitmap::new(path_origin(cfg.peer_initial_path_seq, i as u8)),
+            sack: SackBitmap::new(path_origin(cfg.peer_initial_path_seq, PathId(i as u8))),
             unacked: 0,
             ce: 0,
             ece: false,
@@ -309,17 +309,17 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// path's datagrams name `port`, in their [`Transmit`], their ICRC and the path's
     /// statistics, until the path takes new entropy after a failure. A path this connection
     /// does not have is ignored.
-    pub fn bind_path_port(&mut self, path: u8, port: u16) {
-        if let Some(p) = self.paths.get_mut(usize::from(path)) {
+    pub fn bind_path_port(&mut self, path: PathId, port: u16) {
+        if let Some(p) = self.paths.get_mut(path.index()) {
             p.stats.src_port = port;
         }
     }
 
     /// A path's counters and state.
-    pub fn path_stats(&self, path: usize) -> Option<PathStats> {
-        let p = self.paths.get(path)?;
+    pub fn path_stats(&self, path: PathId) -> Option<PathStats> {
+        let p = self.paths.get(path.index())?;
         let mut s = p.stats;
-        s.active = path < usize::from(self.cfg.paths) && p.state == PathState::Active;
+        s.active = path.0 < self.cfg.paths && p.state == PathState::Active;
         s.in_flight = p.next_seq.diff(p.una) as u32;
         s.rtt_smoothed = p.srtt;
         s.cwnd = self.rate.window(path);

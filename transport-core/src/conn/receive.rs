@@ -94,7 +94,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                         self.counters.acks_piggyback_received += 1;
                         let origin = AckOrigin::Carried {
                             src_port,
-                            via_path: data.path_id,
+                            via_path: PathId(data.path_id),
                         };
                         self.carried = Some(CarriedAck {
                             at: now,
@@ -177,7 +177,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             rtt_sample(p, rtt);
             if p.failed {
                 p.failed = false;
-                self.push_event(Event::PathRestored { path: i as u8 });
+                self.push_event(Event::PathRestored {
+                    path: PathId(i as u8),
+                });
             }
         }
         Ok(())
@@ -258,7 +260,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             // A confirmation acts only where it names a refusal exactly. The unverified ones share
             // one slot, so that forged NACKs cannot crowd out the rest.
             let confirm = PendingNack {
-                path: nack.path_id,
+                path: PathId(nack.path_id),
                 psn,
                 nack: MrNackRepr {
                     reason: NackReason::RefusalSeen,
@@ -315,5 +317,5 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 #[derive(Debug, Clone, Copy)]
 pub(super) enum AckOrigin {
     Own { src_port: u16 },
-    Carried { src_port: u16, via_path: u8 },
+    Carried { src_port: u16, via_path: PathId },
 }

@@ -61,26 +61,46 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
         let stream = usize::from(data.stream_id);
         if stream >= S {
-            return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
+            return self.refuse(
+                bth.psn,
+                PathId(i as u8),
+                &data,
+                NackReason::InvalidRequest,
+                true,
+            );
         }
         let end = u64::from(data.msg_offset) + payload_len as u64;
         if end > u64::from(data.msg_len) {
-            return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
+            return self.refuse(
+                bth.psn,
+                PathId(i as u8),
+                &data,
+                NackReason::InvalidRequest,
+                true,
+            );
         }
         let delivery = match bth.opcode {
             Opcode::MrWrite | Opcode::MrWriteImm => {
                 let Some(remote) = remote_of(ext) else {
-                    return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
+                    return self.refuse(
+                        bth.psn,
+                        PathId(i as u8),
+                        &data,
+                        NackReason::InvalidRequest,
+                        true,
+                    );
                 };
                 let len = u64::from(data.msg_len);
                 let addr =
                     match self.check_region(remote.rkey, remote.va, len, Access::REMOTE_WRITE) {
                         Ok(base) => base + u64::from(data.msg_offset),
-                        Err(reason) => return self.refuse(bth.psn, i, &data, reason, true),
+                        Err(reason) => {
+                            return self.refuse(bth.psn, PathId(i as u8), &data, reason, true)
+                        }
                     };
                 if bth.opcode == Opcode::MrWriteImm {
                     if let Err(reason) = self.receive_into(&data, payload_len, ext.immdt(), true) {
-                        return self.refuse_receive(bth.psn, i, &data, reason);
+                        return self.refuse_receive(bth.psn, PathId(i as u8), &data, reason);
                     }
                 }
                 Delivery::Place {
@@ -96,20 +116,36 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                         offset: payload_at,
                         len: payload_len,
                     },
-                    Err(reason) => return self.refuse_receive(bth.psn, i, &data, reason),
+                    Err(reason) => {
+                        return self.refuse_receive(bth.psn, PathId(i as u8), &data, reason)
+                    }
                 }
             }
             Opcode::MrReadRequest => {
                 let Some(remote) = remote_of(ext) else {
-                    return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
+                    return self.refuse(
+                        bth.psn,
+                        PathId(i as u8),
+                        &data,
+                        NackReason::InvalidRequest,
+                        true,
+                    );
                 };
                 let len = u64::from(data.msg_len);
                 let va = match self.check_region(remote.rkey, remote.va, len, Access::REMOTE_READ) {
                     Ok(va) => va,
-                    Err(reason) => return self.refuse(bth.psn, i, &data, reason, true),
+                    Err(reason) => {
+                        return self.refuse(bth.psn, PathId(i as u8), &data, reason, true)
+                    }
                 };
                 if self.msgs.is_full() {
-                    return self.refuse(bth.psn, i, &data, NackReason::ReceiverNotReady, false);
+                    return self.refuse(
+                        bth.psn,
+                        PathId(i as u8),
+                        &data,
+                        NackReason::ReceiverNotReady,
+                        false,
+                    );
                 }
                 let npkts = data.msg_len.div_ceil(self.cfg.mtu).max(1);
                 let mut m = TxMsg::response(MsgKind::ReadResponse, data.stream_id, data.msn, npkts);
@@ -121,26 +157,46 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             Opcode::MrReadResponse => self.read_response(&data, payload_at, payload_len),
             Opcode::MrCompareSwap | Opcode::MrFetchAdd => {
                 let Extensions::MrAtomic(_, a) = *ext else {
-                    return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
+                    return self.refuse(
+                        bth.psn,
+                        PathId(i as u8),
+                        &data,
+                        NackReason::InvalidRequest,
+                        true,
+                    );
                 };
                 if a.va % 8 != 0 {
-                    return self.refuse(bth.psn, i, &data, NackReason::InvalidRequest, true);
+                    return self.refuse(
+                        bth.psn,
+                        PathId(i as u8),
+                        &data,
+                        NackReason::InvalidRequest,
+                        true,
+                    );
                 }
                 let addr = match self.check_region(a.rkey, a.va, 8, Access::REMOTE_ATOMIC) {
                     Ok(addr) => addr,
-                    Err(reason) => return self.refuse(bth.psn, i, &data, reason, true),
+                    Err(reason) => {
+                        return self.refuse(bth.psn, PathId(i as u8), &data, reason, true)
+                    }
                 };
                 // Atomics execute in order after everything sent before them (as Verbs orders
                 // them): one that overtook an earlier packet on another path waits, answered
                 // receiver-not-ready, and comes again.
                 if offset_psn != 0 || self.msgs.is_full() {
-                    return self.refuse(bth.psn, i, &data, NackReason::ReceiverNotReady, false);
+                    return self.refuse(
+                        bth.psn,
+                        PathId(i as u8),
+                        &data,
+                        NackReason::ReceiverNotReady,
+                        false,
+                    );
                 }
                 self.pending_atomic = Some(PendingAtomic {
                     stream: data.stream_id,
                     msn: data.msn,
                     psn: bth.psn,
-                    path: i as u8,
+                    path: PathId(i as u8),
                     path_seq: data.path_seq,
                 });
                 let compare = (bth.opcode == Opcode::MrCompareSwap).then_some(a.compare);
@@ -197,7 +253,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     pub(super) fn refuse_receive(
         &mut self,
         psn: Psn,
-        path: usize,
+        path: PathId,
         data: &MrDataRepr,
         reason: NackReason,
     ) -> Result<Delivery, DropReason> {
@@ -210,23 +266,19 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     pub(super) fn refuse(
         &mut self,
         psn: Psn,
-        path: usize,
+        path: PathId,
         data: &MrDataRepr,
         reason: NackReason,
         fatal: bool,
     ) -> Result<Delivery, DropReason> {
         let nack = MrNackRepr {
-            path_id: path as u8,
+            path_id: path.0,
             reason,
             path_seq: data.path_seq,
             stream_id: data.stream_id,
             msn: data.msn,
         };
-        let pending = PendingNack {
-            path: path as u8,
-            psn,
-            nack,
-        };
+        let pending = PendingNack { path, psn, nack };
         if fatal {
             // Kept, and repeated, until the requester confirms it: until then no ACK lets the
             // requester count this PSN as accepted.
@@ -330,13 +382,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 msn: p.msn,
                 ..MrDataRepr::default()
             };
-            let _ = self.refuse(
-                p.psn,
-                usize::from(p.path),
-                &data,
-                NackReason::RemoteOperational,
-                true,
-            );
+            let _ = self.refuse(p.psn, p.path, &data, NackReason::RemoteOperational, true);
         }
     }
 

@@ -93,7 +93,7 @@ pub(super) struct TxPkt {
     pub(super) psn: Psn,
     pub(super) msg: u32,
     pub(super) idx: u32,
-    pub(super) path: u8,
+    pub(super) path: PathId,
     pub(super) seq: PathSeq,
     pub(super) sent_at: Instant,
     pub(super) acked: bool,
@@ -304,13 +304,13 @@ pub(super) struct PendingAtomic {
     pub(super) stream: u16,
     pub(super) msn: u32,
     pub(super) psn: Psn,
-    pub(super) path: u8,
+    pub(super) path: PathId,
     pub(super) path_seq: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
 pub(super) struct PendingNack {
-    pub(super) path: u8,
+    pub(super) path: PathId,
     pub(super) psn: Psn,
     pub(super) nack: MrNackRepr,
 }

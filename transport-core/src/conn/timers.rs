@@ -187,7 +187,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         p.tail_probe_ts = None;
         p.tail_probe_tries = 0;
         self.counters.lost_by_timeout += lost;
-        self.rate.on_timeout(i, now);
+        self.rate.on_timeout(PathId(i as u8), now);
         self.path_silent(i, now);
     }
 
@@ -220,7 +220,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let psn = Psn::new(raw);
         if self.in_tx_window(psn) {
             let pk = self.pkts[psn.get() as usize % W];
-            if !pk.acked && usize::from(pk.path) == i && pk.seq == seq {
+            if !pk.acked && pk.path.index() == i && pk.seq == seq {
                 self.queue_retx(psn, now);
             }
         }

@@ -95,7 +95,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         buf: &mut [u8],
         bth: BthRepr,
         ext: Extensions,
-        path: usize,
+        path: PathId,
         payload_addr: u64,
         payload_len: usize,
     ) -> Option<Transmit> {
@@ -105,8 +105,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let header_len = BthRepr::LEN + before - rest.len();
         let pad = usize::from(bth.pad_count);
         Some(Transmit {
-            path: path as u8,
-            src_port: self.paths[path].stats.src_port,
+            path,
+            src_port: self.paths[path.index()].stats.src_port,
             header_len,
             payload_addr,
             payload_len,
@@ -178,14 +178,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if let Some(pn) = pending {
             self.counters.nacks_sent += 1;
             let bth = self.bth(Opcode::MrNack, pn.psn, 0, false);
-            return self.write_headers(
-                buf,
-                bth,
-                Extensions::MrNack(pn.nack),
-                usize::from(pn.path),
-                0,
-                0,
-            );
+            return self.write_headers(buf, bth, Extensions::MrNack(pn.nack), pn.path, 0, 0);
         }
         for i in 0..n {
             let rx = &mut self.rx_paths[i];
@@ -197,12 +190,19 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     ts_echo: ts,
                 };
                 let bth = self.bth(Opcode::MrProbeReply, Psn::new(0), 0, false);
-                return self.write_headers(buf, bth, Extensions::MrProbe(probe), i, 0, 0);
+                return self.write_headers(
+                    buf,
+                    bth,
+                    Extensions::MrProbe(probe),
+                    PathId(i as u8),
+                    0,
+                    0,
+                );
             }
             if self.acks.is_due_now(i) {
                 let ack = self.take_ack(i, now);
                 let bth = self.bth(Opcode::MrAck, self.rx_cum, 0, false);
-                return self.write_headers(buf, bth, Extensions::MrAck(ack), i, 0, 0);
+                return self.write_headers(buf, bth, Extensions::MrAck(ack), PathId(i as u8), 0, 0);
             }
         }
         for i in 0..n {
@@ -242,7 +242,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 if p.probes_unanswered > self.cfg.probes_to_fail {
                     // Declare the route dead: new entropy, and keep probing on it.
                     p.generation = p.generation.wrapping_add(1);
-                    p.stats.src_port = entropy_port(self.cfg.entropy_seed, i as u8, p.generation);
+                    p.stats.src_port =
+                        entropy_port(self.cfg.entropy_seed, PathId(i as u8), p.generation);
                     p.stats.failures += 1;
                     p.probes_unanswered = 1;
                     let first = !p.failed;
@@ -252,7 +253,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                         self.counters.path_failures += 1;
                     }
                     self.push_event(Event::PathFailed {
-                        path: i as u8,
+                        path: PathId(i as u8),
                         new_src_port: port,
                     });
                 }
@@ -282,12 +283,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         };
         self.counters.probes_sent += 1;
         let bth = self.bth(Opcode::MrProbe, Psn::new(0), 0, false);
-        self.write_headers(buf, bth, Extensions::MrProbe(probe), i, 0, 0)
+        self.write_headers(buf, bth, Extensions::MrProbe(probe), PathId(i as u8), 0, 0)
     }
 
     /// The active path with room that comes next in the round-robin, avoiding `avoid` if another
     /// one has room.
-    pub(super) fn pick_path(&mut self, avoid: Option<usize>) -> Option<usize> {
+    pub(super) fn pick_path(&mut self, avoid: Option<PathId>) -> Option<PathId> {
         let n = usize::from(self.cfg.paths);
         let last = (self.rr + n - 1) % n;
         if avoid.is_none() && self.idle_but_carried(last) {
@@ -295,7 +296,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             // stay on the last path while it is idle and healthy; its socket and route stay warm.
             let p = &self.paths[last];
             if p.state == PathState::Active && p.stats.sent > 0 {
-                return Some(last);
+                return Some(PathId(last as u8));
             }
         }
         if self.rate.limits_connection() {
@@ -311,16 +312,17 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         for k in 0..n {
             let i = (self.rr + k) % n;
             let p = &self.paths[i];
-            let room = (p.next_seq.diff(p.una) as u32) < self.rate.window(i);
+            let room = (p.next_seq.diff(p.una) as u32) < self.rate.window(PathId(i as u8));
             if p.state != PathState::Active || !room {
                 continue;
             }
-            if Some(i) == avoid {
-                fallback = Some(i);
+            let id = PathId(i as u8);
+            if Some(id) == avoid {
+                fallback = Some(id);
                 continue;
             }
             self.rr = (i + 1) % n;
-            return Some(i);
+            return Some(id);
         }
         fallback
     }
@@ -363,7 +365,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 self.retx_wake = Some(self.retx_wake.map_or(not_before, |w| w.min(not_before)));
                 return None;
             }
-            let avoid = Some(usize::from(self.pkts[psn.get() as usize % W].path));
+            let avoid = Some(self.pkts[psn.get() as usize % W].path);
             let path = self.pick_path(avoid)?;
             self.retx.pop();
             self.pkts[psn.get() as usize % W].queued = false;
@@ -372,7 +374,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 self.counters.rnr_retries += 1;
             }
             self.counters.retransmitted += 1;
-            self.paths[path].stats.retransmitted += 1;
+            self.paths[path.index()].stats.retransmitted += 1;
             return self.send_packet(now, buf, psn, path, true);
         }
         None
@@ -411,7 +413,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             psn,
             msg: found,
             idx,
-            path: path as u8,
+            path,
             ..TxPkt::default()
         };
         self.counters.data_sent += 1;
@@ -423,12 +425,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         now: Instant,
         buf: &mut [u8],
         psn: Psn,
-        path: usize,
+        path: PathId,
         retransmit: bool,
     ) -> Option<Transmit> {
         let pk = self.pkts[psn.get() as usize % W];
         let msg = *self.msgs.get(pk.msg)?;
-        let p = &mut self.paths[path];
+        let p = &mut self.paths[path.index()];
         let seq = p.next_seq;
         p.next_seq = seq.add(1);
         let slot = seq.0 as usize % PATH_RING;
@@ -436,7 +438,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         p.ring_sent[slot] = now;
         p.stats.sent += 1;
         let pk = &mut self.pkts[psn.get() as usize % W];
-        pk.path = path as u8;
+        pk.path = path;
         pk.seq = seq;
         pk.sent_at = now;
         let idx = pk.idx;
@@ -486,7 +488,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let data = MrDataRepr {
             retransmit,
             ack: piggy.is_some(),
-            path_id: path as u8,
+            path_id: path.0,
             stream_id: msg.stream,
             path_seq: seq.0,
             msn: msg.msn,

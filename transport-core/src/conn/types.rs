@@ -3,6 +3,7 @@
 
 use crate::wire::metaroce::NackReason;
 
+pub use crate::path::PathId;
 pub use crate::time::Instant;
 
 /// The operation of a work request.
@@ -128,14 +129,14 @@ pub enum Event {
     /// A path stopped delivering and was taken out of service (it will be probed on new entropy).
     PathFailed {
         /// The path.
-        path: u8,
+        path: PathId,
         /// Its new UDP source port.
         new_src_port: u16,
     },
     /// A failed path answered its probes and carries data again.
     PathRestored {
         /// The path.
-        path: u8,
+        path: PathId,
     },
 }
 
@@ -148,7 +149,7 @@ pub enum Event {
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Transmit {
     /// The path it goes on.
-    pub path: u8,
+    pub path: PathId,
     /// UDP source port of that path.
     pub src_port: u16,
     /// Bytes of headers written.

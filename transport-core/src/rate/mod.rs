@@ -17,6 +17,7 @@ mod pacer;
 mod swift;
 mod timely;
 
+pub use crate::path::PathId;
 pub use crate::time::Instant;
 pub use aimd::PathAimd;
 pub use dcqcn::{CnpGate, Dcqcn, DcqcnParams, ALPHA_ONE};
@@ -121,15 +122,18 @@ impl<const P: usize> RateControl<P> {
 
     /// An ACK of path `path`. Returns whether it cut the path's window (or the connection's
     /// window or rate, for controllers without path windows).
-    pub fn on_ack(&mut self, path: usize, ack: AckReport) -> bool {
+    pub fn on_ack(&mut self, path: PathId, ack: AckReport) -> bool {
         let max = self.max_window;
         if ack.hint_mbps != 0 {
             self.hint_mbps = ack.hint_mbps;
         }
         match self.algorithm {
-            Algorithm::EcnAimd => self.paths.get_mut(path).is_some_and(|p| p.on_ack(ack, max)),
+            Algorithm::EcnAimd => self
+                .paths
+                .get_mut(path.index())
+                .is_some_and(|p| p.on_ack(ack, max)),
             Algorithm::MetaRoce => {
-                let Some(p) = self.paths.get_mut(path) else {
+                let Some(p) = self.paths.get_mut(path.index()) else {
                     return false;
                 };
                 let cut = p.on_ack(ack, max);
@@ -146,7 +150,7 @@ impl<const P: usize> RateControl<P> {
     /// An RTT sample of path `path` (ns) at `now`, for the delay-based controllers: Timely's
     /// gradient, Swift's delay against its target (as one hop; a fabric that reports hops would
     /// pass them). Returns whether it cut the rate or the window.
-    pub fn on_rtt(&mut self, path: usize, rtt_ns: u64, srtt_ns: u64, now: Instant) -> bool {
+    pub fn on_rtt(&mut self, path: PathId, rtt_ns: u64, srtt_ns: u64, now: Instant) -> bool {
         let _ = path;
         match &mut self.rate {
             RateState::Timely(t) => {
@@ -176,13 +180,13 @@ impl<const P: usize> RateControl<P> {
 
     /// Path `path` lost a packet. The ECN controllers do not react: the fabric is lossy by
     /// design, and a loss is repaired, not read as congestion.
-    pub fn on_loss(&mut self, path: usize, _now: Instant) {
+    pub fn on_loss(&mut self, path: PathId, _now: Instant) {
         let _ = path;
     }
 
     /// Path `path` timed out. Swift's window falls to its minimum; the others do not react
     /// (timeouts lead to probes and failover).
-    pub fn on_timeout(&mut self, path: usize, _now: Instant) {
+    pub fn on_timeout(&mut self, path: PathId, _now: Instant) {
         let _ = path;
         if let RateState::Swift(s) = &mut self.rate {
             s.on_timeout();
@@ -190,11 +194,11 @@ impl<const P: usize> RateControl<P> {
     }
 
     /// Path `path`'s window, whole packets (at least one).
-    pub fn window(&self, path: usize) -> u32 {
+    pub fn window(&self, path: PathId) -> u32 {
         match self.algorithm {
             Algorithm::EcnAimd | Algorithm::MetaRoce => self
                 .paths
-                .get(path)
+                .get(path.index())
                 .map_or(1, |p| (p.window() / ONE_PACKET).max(1)),
             _ => self.max_window,
         }
