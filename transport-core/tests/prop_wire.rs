@@ -7,9 +7,10 @@ use transport_core::wire::metaroce::{
     MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr, NackReason, PiggyAck,
 };
 use transport_core::wire::{
-    parse, parse_with, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Ecn,
-    EtherType, EthernetRepr, ExtensionFields, Extensions, FrameRepr, IcrcCheck, IpRepr, Ipv4Repr,
-    Ipv6Repr, MacAddr, Opcode, ParseOptions, Psn, Qpn, RethRepr, UdpRepr, VlanTag,
+    parse, parse_with, seal, AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, Datagram,
+    DatagramHeaders, DethRepr, Ecn, EtherType, EthernetRepr, ExtensionFields, Extensions,
+    FrameRepr, IcrcCheck, IpRepr, Ipv4Repr, Ipv6Repr, MacAddr, Opcode, ParseOptions, Psn, Qpn,
+    RethRepr, UdpRepr, VlanTag,
 };
 
 fn ecn() -> impl Strategy<Value = Ecn> {
@@ -234,6 +235,44 @@ fn variant_bit(repr: &FrameRepr<'_>, at: usize, bit: u8) -> bool {
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_sent_datagram_parses_back(
+        (_op, bth, ext) in prop::sample::select(Opcode::KNOWN).prop_flat_map(|op| (Just(op), bth(op), extensions(op))),
+        cum_psn in 0u32..1 << 24,
+        ack in mr_ack(),
+        payload in prop::collection::vec(any::<u8>(), 0..300),
+        short in 1usize..8,
+    ) {
+        // Headers for any known opcode; a MetaRoCE data header with flag A carries an ACK.
+        let piggy = ext.mr_data().is_some_and(|d| d.ack).then_some(PiggyAck { cum_psn: Psn::new(cum_psn), ack });
+        let headers = DatagramHeaders::new(bth, ext, piggy, payload.len());
+        let mut buf = vec![0xa5u8; 512];
+        let header_len = headers.emit(&mut buf).expect("fits");
+        let len = headers.datagram_len(header_len, payload.len());
+        prop_assert_eq!(len % 4, 0, "pad ends the payload on four bytes");
+        buf[header_len..header_len + payload.len()].copy_from_slice(&payload);
+        let datagram = &mut buf[..len];
+        let sum = |b: &[u8]| b.iter().fold(7u32, |a, &x| a.rotate_left(5) ^ u32::from(x));
+        seal(datagram, header_len + payload.len(), sum).unwrap();
+        let d = Datagram::parse(datagram).expect("a sealed datagram parses");
+        prop_assert_eq!(d.bth, headers.bth);
+        prop_assert_eq!(d.ext, ext);
+        prop_assert_eq!(d.piggy, piggy);
+        prop_assert_eq!(d.payload(), &payload[..]);
+        prop_assert_eq!(d.icrc(), sum(d.covered()));
+        prop_assert!(datagram[header_len + payload.len()..len - 4].iter().all(|&b| b == 0), "zero pad");
+        // Too short for the headers, or for the payload and the ICRC: an error, nothing written
+        // beyond the buffer, and a datagram left as it was.
+        let mut small = vec![0u8; header_len - short.min(header_len)];
+        prop_assert!(headers.emit(&mut small).is_err());
+        let before = datagram.to_vec();
+        prop_assert!(seal(datagram, len - 3, sum).is_err());
+        prop_assert_eq!(&datagram[..], &before[..]);
+        // A carried ACK without flag A, or flag A without one, is refused.
+        let odd = DatagramHeaders { piggy: if piggy.is_some() { None } else { Some(PiggyAck { cum_psn: Psn::new(cum_psn), ack }) }, ..headers };
+        prop_assert!(odd.emit(&mut buf).is_err());
+    }
 
     #[test]
     fn frame_round_trips(p in parts()) {

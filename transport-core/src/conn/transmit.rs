@@ -1,6 +1,7 @@
 //! Transmit: control packets first, then retransmissions, then new data; headers, and the seal.
 
 use super::*;
+use crate::wire::{self, DatagramHeaders};
 
 /// What a paced connection may send at once after idleness: one GSO batch of a host runner.
 pub(super) const PACE_BURST: u64 = 64 * 1024;
@@ -74,12 +75,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         Some(t)
     }
 
-    pub(super) fn bth(&self, opcode: Opcode, psn: Psn, pad: u8, ack_req: bool) -> BthRepr {
+    /// The BTH of a datagram to the peer (its pad count is set when the headers are written).
+    pub(super) fn bth(&self, opcode: Opcode, psn: Psn, ack_req: bool) -> BthRepr {
         BthRepr {
             opcode,
             solicited: false,
             mig_req: false,
-            pad_count: pad,
+            pad_count: 0,
             tver: 0,
             pkey: self.cfg.pkey,
             fecn: false,
@@ -90,28 +92,38 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
     }
 
+    /// Writes the headers of a datagram on `path` into `buf` (the wire lays them out, the carried
+    /// ACK included): what the runner needs to copy the payload after them and seal it.
     pub(super) fn write_headers(
         &self,
         buf: &mut [u8],
-        bth: BthRepr,
-        ext: Extensions,
+        headers: DatagramHeaders,
         path: PathId,
         payload_addr: u64,
         payload_len: usize,
     ) -> Option<Transmit> {
-        let rest = bth.emit(buf).ok()?;
-        let before = rest.len();
-        let rest = ext.emit(bth.opcode.layout(), rest).ok()?;
-        let header_len = BthRepr::LEN + before - rest.len();
-        let pad = usize::from(bth.pad_count);
+        let header_len = headers.emit(buf).ok()?;
         Some(Transmit {
             path,
             src_port: self.paths[path.index()].stats.src_port,
             header_len,
             payload_addr,
             payload_len,
-            len: header_len + payload_len + pad + 4,
+            len: headers.datagram_len(header_len, payload_len),
         })
+    }
+
+    /// Headers of a control datagram (no payload): an ACK, a NACK, a probe or its reply.
+    pub(super) fn write_control(
+        &self,
+        buf: &mut [u8],
+        opcode: Opcode,
+        psn: Psn,
+        ext: Extensions,
+        path: PathId,
+    ) -> Option<Transmit> {
+        let headers = DatagramHeaders::new(self.bth(opcode, psn, false), ext, None, 0);
+        self.write_headers(buf, headers, path, 0, 0)
     }
 
     /// Path `i`'s acknowledgement as of `now`; what it reports no longer waits.
@@ -177,8 +189,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
         if let Some(pn) = pending {
             self.counters.nacks_sent += 1;
-            let bth = self.bth(Opcode::MrNack, pn.psn, 0, false);
-            return self.write_headers(buf, bth, Extensions::MrNack(pn.nack), pn.path, 0, 0);
+            return self.write_control(
+                buf,
+                Opcode::MrNack,
+                pn.psn,
+                Extensions::MrNack(pn.nack),
+                pn.path,
+            );
         }
         for i in 0..n {
             let rx = &mut self.rx_paths[i];
@@ -189,20 +206,25 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     timestamp: now.wire_timestamp(),
                     ts_echo: ts,
                 };
-                let bth = self.bth(Opcode::MrProbeReply, Psn::new(0), 0, false);
-                return self.write_headers(
+                let ext = Extensions::MrProbe(probe);
+                return self.write_control(
                     buf,
-                    bth,
-                    Extensions::MrProbe(probe),
+                    Opcode::MrProbeReply,
+                    Psn::new(0),
+                    ext,
                     PathId(i as u8),
-                    0,
-                    0,
                 );
             }
             if self.acks.is_due_now(i) {
                 let ack = self.take_ack(i, now);
-                let bth = self.bth(Opcode::MrAck, self.rx_cum, 0, false);
-                return self.write_headers(buf, bth, Extensions::MrAck(ack), PathId(i as u8), 0, 0);
+                let path = PathId(i as u8);
+                return self.write_control(
+                    buf,
+                    Opcode::MrAck,
+                    self.rx_cum,
+                    Extensions::MrAck(ack),
+                    path,
+                );
             }
         }
         for i in 0..n {
@@ -282,8 +304,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             ts_echo: 0,
         };
         self.counters.probes_sent += 1;
-        let bth = self.bth(Opcode::MrProbe, Psn::new(0), 0, false);
-        self.write_headers(buf, bth, Extensions::MrProbe(probe), PathId(i as u8), 0, 0)
+        let ext = Extensions::MrProbe(probe);
+        self.write_control(buf, Opcode::MrProbe, Psn::new(0), ext, PathId(i as u8))
     }
 
     /// The active path with room that comes next in the round-robin, avoiding `avoid` if another
@@ -522,17 +544,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             }
             _ => Extensions::MrData(data),
         };
-        let pad = ((4 - len % 4) % 4) as u8;
         let last = idx + 1 == msg.npkts;
-        let bth = self.bth(opcode, psn, pad, last);
+        let headers = DatagramHeaders::new(self.bth(opcode, psn, last), ext, piggy, len as usize);
         let addr = msg.local_addr + u64::from(offset);
-        let mut tx = self.write_headers(buf, bth, ext, path, addr, len as usize)?;
-        if let Some(p) = piggy {
-            p.emit(buf.get_mut(tx.header_len..)?).ok()?;
-            tx.header_len += PiggyAck::LEN;
-            tx.len += PiggyAck::LEN;
-        }
-        Some(tx)
+        self.write_headers(buf, headers, path, addr, len as usize)
     }
 
     /// Adds the pad and the ICRC to a datagram whose headers came from
@@ -541,19 +556,19 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let Some(datagram) = buf.get_mut(..tx.len) else {
             return;
         };
-        let pad_at = tx.header_len + tx.payload_len;
-        let icrc_at = tx.len - 4;
-        datagram[pad_at..icrc_at].fill(0);
-        if !self.cfg.icrc.sends() {
-            datagram[icrc_at..].fill(0);
-            return;
-        }
-        let value = self.icrc_tx.icrc(
-            (self.cfg.local_ip, self.cfg.remote_ip),
-            (tx.src_port, self.cfg.dst_port),
-            &datagram[..icrc_at],
-            self.cfg.icrc_engine,
-        );
-        datagram[icrc_at..].copy_from_slice(&value.to_le_bytes());
+        let payload_end = tx.header_len + tx.payload_len;
+        let (icrc_tx, cfg) = (&mut self.icrc_tx, &self.cfg);
+        // A Transmit from this connection always fits (its len counts the ICRC).
+        let _ = wire::seal(datagram, payload_end, |covered| {
+            if !cfg.icrc.sends() {
+                return 0;
+            }
+            icrc_tx.icrc(
+                (cfg.local_ip, cfg.remote_ip),
+                (tx.src_port, cfg.dst_port),
+                covered,
+                cfg.icrc_engine,
+            )
+        });
     }
 }

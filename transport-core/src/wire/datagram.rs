@@ -1,6 +1,8 @@
 //! A RoCEv2 datagram as a UDP socket hands it over (BTH to ICRC, without the IP and UDP headers
 //! the kernel took off), parsed once: a runner finds the queue pair by it and the connection
-//! acts on the same view, so no byte is parsed twice.
+//! acts on the same view, so no byte is parsed twice. The sender's side is the same layout
+//! written the other way: [`DatagramHeaders::emit`] writes the headers (the carried ACK
+//! included), the runner copies the payload after them, and [`seal`] adds the pad and the ICRC.
 
 use super::metaroce::PiggyAck;
 use super::{BthRepr, Error, Extensions, Header, Opcode};
@@ -90,4 +92,88 @@ impl<'a> Datagram<'a> {
     pub fn payload(&self) -> &'a [u8] {
         &self.bytes[self.payload_at..self.payload_at + self.payload_len]
     }
+}
+
+/// The headers of a datagram to send, as [`Datagram::parse`] reads them back: the BTH (its pad
+/// count follows from the payload length), the extension headers of its opcode and, on a
+/// MetaRoCE data packet, a carried ACK (the data header's flag A must say so).
+#[derive(Debug, Clone, Copy)]
+pub struct DatagramHeaders {
+    /// The base transport header. [`DatagramHeaders::new`] sets its pad count.
+    pub bth: BthRepr,
+    /// The extension headers of `bth.opcode`.
+    pub ext: Extensions,
+    /// The ACK carried after a MetaRoCE data header.
+    pub piggy: Option<PiggyAck>,
+}
+
+/// The pad that ends a payload of `payload_len` bytes on a four-byte boundary.
+pub const fn pad_for(payload_len: usize) -> u8 {
+    ((4 - payload_len % 4) % 4) as u8
+}
+
+impl DatagramHeaders {
+    /// The headers of a datagram with `payload_len` bytes of payload: the BTH's pad count is set
+    /// to what the payload needs.
+    pub fn new(
+        mut bth: BthRepr,
+        ext: Extensions,
+        piggy: Option<PiggyAck>,
+        payload_len: usize,
+    ) -> Self {
+        bth.pad_count = pad_for(payload_len);
+        DatagramHeaders { bth, ext, piggy }
+    }
+
+    /// Writes the headers at the start of `buf`; returns their length (where the payload goes).
+    /// A buffer too short is an error and nothing after its end is touched. A carried ACK goes
+    /// only behind a MetaRoCE data header whose flag A says so, and such a header needs one:
+    /// anything else is an error, since a receiver would read the ACK as payload or the payload
+    /// as an ACK.
+    pub fn emit(&self, buf: &mut [u8]) -> Result<usize, Error> {
+        let flag_a = self.ext.mr_data().is_some_and(|d| d.ack);
+        match (flag_a, self.piggy.is_some()) {
+            (true, false) => return Err(Error::MissingHeader(Header::MrAck)),
+            (false, true) => return Err(Error::FieldRange("a carried ACK without flag A")),
+            _ => {}
+        }
+        let total = buf.len();
+        let rest = self.bth.emit(buf)?;
+        let rest = self.ext.emit(self.bth.opcode.layout(), rest)?;
+        let rest = match self.piggy {
+            Some(p) => p.emit(rest)?,
+            None => rest,
+        };
+        Ok(total - rest.len())
+    }
+
+    /// The length of the whole datagram with `payload_len` bytes after headers of `header_len`:
+    /// payload, pad and ICRC.
+    pub const fn datagram_len(&self, header_len: usize, payload_len: usize) -> usize {
+        header_len + payload_len + self.bth.pad_count as usize + 4
+    }
+}
+
+/// Finishes a datagram whose headers and payload (ending at `payload_end`) are in place: zeroes
+/// the pad between the payload and the last four bytes, then writes there what `icrc` computes
+/// over everything before them (little-endian, as RoCEv2 carries the ICRC). A datagram too short
+/// for its payload and ICRC is an error and is left untouched.
+pub fn seal(
+    datagram: &mut [u8],
+    payload_end: usize,
+    icrc: impl FnOnce(&[u8]) -> u32,
+) -> Result<(), Error> {
+    let icrc_at = datagram
+        .len()
+        .checked_sub(4)
+        .filter(|&at| at >= payload_end)
+        .ok_or(Error::Truncated {
+            header: Header::Icrc,
+            needed: payload_end + 4,
+            available: datagram.len(),
+        })?;
+    datagram[payload_end..icrc_at].fill(0);
+    let value = icrc(&datagram[..icrc_at]);
+    datagram[icrc_at..].copy_from_slice(&value.to_le_bytes());
+    Ok(())
 }

@@ -24,7 +24,7 @@ mod udp;
 mod view;
 
 pub use bth::{BthRepr, Opcode, Psn, Qpn, Transport};
-pub use datagram::Datagram;
+pub use datagram::{pad_for, seal, Datagram, DatagramHeaders};
 pub use error::{Error, Header};
 pub use ethernet::{EtherType, EthernetRepr, MacAddr, VlanTag};
 pub use ext::{
