@@ -19,6 +19,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         payload_len: usize,
     ) -> Result<Delivery, DropReason> {
         let i = self.known_path(data.path_id)?;
+        let path = PathId(i as u8);
         let offset_psn = psn_diff(bth.psn, self.rx_cum);
         if offset_psn >= W as i32 {
             self.counters.drop_out_of_window += 1;
@@ -61,46 +62,26 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
         let stream = usize::from(data.stream_id);
         if stream >= S {
-            return self.refuse(
-                bth.psn,
-                PathId(i as u8),
-                &data,
-                NackReason::InvalidRequest,
-                true,
-            );
+            return self.refuse_invalid(bth.psn, path, &data);
         }
         let end = u64::from(data.msg_offset) + payload_len as u64;
         if end > u64::from(data.msg_len) {
-            return self.refuse(
-                bth.psn,
-                PathId(i as u8),
-                &data,
-                NackReason::InvalidRequest,
-                true,
-            );
+            return self.refuse_invalid(bth.psn, path, &data);
         }
         let delivery = match bth.opcode {
             Opcode::MrWrite | Opcode::MrWriteImm => {
                 let Some(remote) = remote_of(ext) else {
-                    return self.refuse(
-                        bth.psn,
-                        PathId(i as u8),
-                        &data,
-                        NackReason::InvalidRequest,
-                        true,
-                    );
+                    return self.refuse_invalid(bth.psn, path, &data);
                 };
                 let len = u64::from(data.msg_len);
                 let addr =
                     match self.check_region(remote.rkey, remote.va, len, Access::REMOTE_WRITE) {
                         Ok(base) => base + u64::from(data.msg_offset),
-                        Err(reason) => {
-                            return self.refuse(bth.psn, PathId(i as u8), &data, reason, true)
-                        }
+                        Err(reason) => return self.refuse(bth.psn, path, &data, reason, true),
                     };
                 if bth.opcode == Opcode::MrWriteImm {
                     if let Err(reason) = self.receive_into(&data, payload_len, ext.immdt(), true) {
-                        return self.refuse_receive(bth.psn, PathId(i as u8), &data, reason);
+                        return self.refuse_receive(bth.psn, path, &data, reason);
                     }
                 }
                 Delivery::Place {
@@ -116,36 +97,20 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                         offset: payload_at,
                         len: payload_len,
                     },
-                    Err(reason) => {
-                        return self.refuse_receive(bth.psn, PathId(i as u8), &data, reason)
-                    }
+                    Err(reason) => return self.refuse_receive(bth.psn, path, &data, reason),
                 }
             }
             Opcode::MrReadRequest => {
                 let Some(remote) = remote_of(ext) else {
-                    return self.refuse(
-                        bth.psn,
-                        PathId(i as u8),
-                        &data,
-                        NackReason::InvalidRequest,
-                        true,
-                    );
+                    return self.refuse_invalid(bth.psn, path, &data);
                 };
                 let len = u64::from(data.msg_len);
                 let va = match self.check_region(remote.rkey, remote.va, len, Access::REMOTE_READ) {
                     Ok(va) => va,
-                    Err(reason) => {
-                        return self.refuse(bth.psn, PathId(i as u8), &data, reason, true)
-                    }
+                    Err(reason) => return self.refuse(bth.psn, path, &data, reason, true),
                 };
                 if self.msgs.is_full() {
-                    return self.refuse(
-                        bth.psn,
-                        PathId(i as u8),
-                        &data,
-                        NackReason::ReceiverNotReady,
-                        false,
-                    );
+                    return self.refuse_receive(bth.psn, path, &data, NackReason::ReceiverNotReady);
                 }
                 let npkts = data.msg_len.div_ceil(self.cfg.mtu).max(1);
                 let mut m = TxMsg::response(MsgKind::ReadResponse, data.stream_id, data.msn, npkts);
@@ -157,46 +122,26 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             Opcode::MrReadResponse => self.read_response(&data, payload_at, payload_len),
             Opcode::MrCompareSwap | Opcode::MrFetchAdd => {
                 let Extensions::MrAtomic(_, a) = *ext else {
-                    return self.refuse(
-                        bth.psn,
-                        PathId(i as u8),
-                        &data,
-                        NackReason::InvalidRequest,
-                        true,
-                    );
+                    return self.refuse_invalid(bth.psn, path, &data);
                 };
                 if a.va % 8 != 0 {
-                    return self.refuse(
-                        bth.psn,
-                        PathId(i as u8),
-                        &data,
-                        NackReason::InvalidRequest,
-                        true,
-                    );
+                    return self.refuse_invalid(bth.psn, path, &data);
                 }
                 let addr = match self.check_region(a.rkey, a.va, 8, Access::REMOTE_ATOMIC) {
                     Ok(addr) => addr,
-                    Err(reason) => {
-                        return self.refuse(bth.psn, PathId(i as u8), &data, reason, true)
-                    }
+                    Err(reason) => return self.refuse(bth.psn, path, &data, reason, true),
                 };
                 // Atomics execute in order after everything sent before them (as Verbs orders
                 // them): one that overtook an earlier packet on another path waits, answered
                 // receiver-not-ready, and comes again.
                 if offset_psn != 0 || self.msgs.is_full() {
-                    return self.refuse(
-                        bth.psn,
-                        PathId(i as u8),
-                        &data,
-                        NackReason::ReceiverNotReady,
-                        false,
-                    );
+                    return self.refuse_receive(bth.psn, path, &data, NackReason::ReceiverNotReady);
                 }
                 self.pending_atomic = Some(PendingAtomic {
                     stream: data.stream_id,
                     msn: data.msn,
                     psn: bth.psn,
-                    path: PathId(i as u8),
+                    path,
                     path_seq: data.path_seq,
                 });
                 let compare = (bth.opcode == Opcode::MrCompareSwap).then_some(a.compare);
@@ -246,6 +191,17 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         self.regions
             .check(key, va, len, need)
             .inspect_err(|_| self.counters.access_violations += 1)
+    }
+
+    /// Refuses a malformed request (a stream it does not have, an offset past its message, a
+    /// missing header): fatal, with NACK reason InvalidRequest.
+    pub(super) fn refuse_invalid(
+        &mut self,
+        psn: Psn,
+        path: PathId,
+        data: &MrDataRepr,
+    ) -> Result<Delivery, DropReason> {
+        self.refuse(psn, path, data, NackReason::InvalidRequest, true)
     }
 
     /// Refuses a Send or Write-with-immediate that found no usable receive buffer: waiting for
