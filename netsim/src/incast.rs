@@ -225,13 +225,7 @@ pub fn jain(x: &[f64]) -> f64 {
 /// Runs the incast (on a thread of its own, for the connections' stack).
 pub fn run(cfg: &IncastConfig) -> IncastReport {
     let cfg = cfg.clone();
-    std::thread::Builder::new()
-        .name("incast".into())
-        .stack_size(64 << 20)
-        .spawn(move || simulate(&cfg))
-        .expect("spawn the incast thread")
-        .join()
-        .expect("the incast thread finished")
+    crate::on_own_stack("incast", move || simulate(&cfg))
 }
 
 fn simulate(cfg: &IncastConfig) -> IncastReport {

@@ -49,17 +49,26 @@ type Conn = Connection<MAX_PATHS, W, S, Q, R>;
 /// Virtual time after which a run that has not finished stops: 10 s.
 const TIME_LIMIT_NS: u64 = 10_000_000_000;
 
-/// Runs the simulation (on a thread of its own: the connections are built by value before they
-/// are boxed, and in a debug build that wants more stack than a test thread has).
+/// Runs the simulation (on a thread of its own: see [`on_own_stack`]).
 pub fn run(cfg: &SelftestConfig) -> SelftestReport {
     let cfg = cfg.clone();
+    on_own_stack("selftest", move || simulate(&cfg))
+}
+
+/// Runs a simulation on a thread of its own with a 64 MiB stack: the connections are built by
+/// value before they are boxed, and in a debug build that wants more stack than a test thread
+/// has.
+pub(crate) fn on_own_stack<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
     std::thread::Builder::new()
-        .name("selftest".into())
+        .name(name.into())
         .stack_size(64 << 20)
-        .spawn(move || simulate(&cfg))
-        .expect("spawn the selftest thread")
+        .spawn(f)
+        .unwrap_or_else(|e| panic!("spawn the {name} thread: {e}"))
         .join()
-        .expect("the selftest thread finished")
+        .unwrap_or_else(|_| panic!("the {name} thread panicked"))
 }
 
 fn simulate(cfg: &SelftestConfig) -> SelftestReport {
