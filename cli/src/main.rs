@@ -90,11 +90,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// List RDMA devices and the interfaces the UDP transport can use.
+    /// List RDMA devices (each port's state, link layer and GID table with types, as
+    /// `show_gids` does, and the GID the verbs backend takes by default) and the interfaces the
+    /// UDP transport can use.
     Devices {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Read the RDMA devices from this copy of /sys/class/infiniband.
+        #[arg(long, value_name = "DIR", default_value = host_ibverbs::gids::SYSFS_ROOT)]
+        sysfs: std::path::PathBuf,
     },
     /// Show the counters of running endpoints (ethtool -S style).
     Stats {
@@ -269,7 +274,7 @@ fn main() -> ExitCode {
         Command::ReadBw(a) => return tools::run_perf(Test::ReadBw, &a),
         Command::ReadLat(a) => return tools::run_perf(Test::ReadLat, &a),
         Command::Loopback { seconds, json } => return tools::run_loopback(json, seconds),
-        Command::Devices { json } => return tools::run_devices(json),
+        Command::Devices { json, sysfs } => return tools::run_devices(json, &sysfs),
         Command::Stats { pid, json } => return tools::run_stats(pid, json),
     };
     match result {

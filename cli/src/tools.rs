@@ -481,14 +481,51 @@ pub fn run_loopback(json: bool, seconds: f64) -> ExitCode {
 }
 
 /// `metaroce devices`.
-pub fn run_devices(json: bool) -> ExitCode {
+pub fn run_devices(json: bool, sysfs: &std::path::Path) -> ExitCode {
+    use host_ibverbs::gids::{self, GidType, LinkLayer};
     let verbs = host_ibverbs::verbs_devices();
+    let rdma = gids::read_devices(sysfs);
     let ifs = devices::interfaces().unwrap_or_default();
+    let link = |l: LinkLayer| match l {
+        LinkLayer::Ethernet => "Ethernet",
+        LinkLayer::InfiniBand => "InfiniBand",
+        LinkLayer::Other => "other",
+    };
     if json {
+        let ports = |d: &gids::RdmaDevice| {
+            d.ports
+                .iter()
+                .map(|p| {
+                    serde_json::json!({
+                        "port": p.num,
+                        "state": p.state,
+                        "active": p.is_active(),
+                        "link_layer": link(p.link_layer),
+                        "best_gid_index": (p.link_layer == LinkLayer::Ethernet)
+                            .then(|| gids::best_gid(p, false).map(|g| g.index))
+                            .flatten(),
+                        "gids": p.gids.iter().map(|g| serde_json::json!({
+                            "index": g.index,
+                            "gid": std::net::Ipv6Addr::from(g.gid).to_string(),
+                            "ipv4": g.ipv4().map(|a| a.to_string()),
+                            "type": g.kind.map(GidType::name),
+                            "netdev": g.netdev,
+                        })).collect::<Vec<_>>(),
+                    })
+                })
+                .collect::<Vec<_>>()
+        };
         let v = serde_json::json!({
             "verbs": match &verbs {
                 Ok(d) => serde_json::json!(d),
                 Err(e) => serde_json::json!({ "error": e.to_string() }),
+            },
+            "rdma": match &rdma {
+                Ok(devs) => serde_json::json!(devs.iter().map(|d| serde_json::json!({
+                    "name": d.name,
+                    "ports": ports(d),
+                })).collect::<Vec<_>>()),
+                Err(e) => serde_json::json!({ "error": format!("{}: {e}", sysfs.display()) }),
             },
             "udp": ifs.iter().map(|i| serde_json::json!({
                 "name": i.name,
@@ -502,14 +539,46 @@ pub fn run_devices(json: bool) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     println!("RDMA (verbs) devices:");
-    match &verbs {
-        Ok(d) if d.is_empty() => println!("    none"),
-        Ok(d) => {
+    match (&verbs, &rdma) {
+        (_, Ok(devs)) if !devs.is_empty() => {
+            if let Err(e) = &verbs {
+                println!("    ({e}; the table below is the kernel's)");
+            }
+            for d in devs {
+                for p in &d.ports {
+                    println!(
+                        "    {} port {}: {}, {}",
+                        d.name,
+                        p.num,
+                        p.state,
+                        link(p.link_layer)
+                    );
+                    if p.gids.is_empty() {
+                        println!("        no GID in use");
+                        continue;
+                    }
+                    let best = (p.link_layer == LinkLayer::Ethernet)
+                        .then(|| gids::best_gid(p, false).map(|g| g.index))
+                        .flatten();
+                    println!("        {:>3} {:<40} {:<10} NETDEV", "IDX", "GID", "TYPE");
+                    for g in &p.gids {
+                        let mark = if Some(g.index) == best {
+                            "  <- default"
+                        } else {
+                            ""
+                        };
+                        println!("        {g}{mark}");
+                    }
+                }
+            }
+        }
+        (Ok(d), _) if d.is_empty() => println!("    none"),
+        (Ok(d), _) => {
             for name in d {
                 println!("    {name}");
             }
         }
-        Err(e) => println!("    {e}; the UDP transport below works without one"),
+        (Err(e), _) => println!("    {e}; the UDP transport below works without one"),
     }
     println!("UDP transport interfaces:");
     for i in &ifs {

@@ -277,3 +277,49 @@ fn selftest_runs_an_incast_and_reports_its_fields() {
     let bad = metaroce(&["selftest", "--senders", "0"], None);
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
 }
+
+/// `metaroce devices` lists each port's GID table with types, as `show_gids` does, and marks
+/// the GID the verbs backend takes by default (read from a copy of the sysfs layout).
+#[test]
+fn devices_lists_gid_tables_and_the_default() {
+    let sysfs = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../host-ibverbs/tests/fixtures/sysfs-infiniband");
+    let sysfs = sysfs.to_str().unwrap();
+    let out = metaroce(&["devices", "--json", "--sysfs", sysfs], None);
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let dev = |name: &str| {
+        v["rdma"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == name)
+            .unwrap()["ports"][0]
+            .clone()
+    };
+    let p = dev("mlx5_0");
+    assert_eq!(p["link_layer"], "Ethernet");
+    assert_eq!(p["active"], true);
+    assert_eq!(p["best_gid_index"], 3);
+    assert_eq!(p["gids"][3]["ipv4"], "192.168.10.21");
+    assert_eq!(p["gids"][3]["type"], "RoCE v2");
+    assert_eq!(p["gids"][2]["type"], "IB/RoCE v1");
+    assert_eq!(p["gids"].as_array().unwrap().len(), 6);
+    // No default on an InfiniBand port; a down port says so.
+    assert_eq!(dev("mlx5_1")["best_gid_index"], Value::Null);
+    assert_eq!(dev("mlx5_2")["active"], false);
+    let out = metaroce(&["devices", "--sysfs", sysfs], None);
+    let text = String::from_utf8(out.stdout).unwrap();
+    let row = text
+        .lines()
+        .find(|l| l.contains("::ffff:192.168.10.21") && l.contains("RoCE v2"))
+        .unwrap();
+    assert!(
+        row.contains("<- default") && row.contains("enp65s0f0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("mlx5_1 port 1: 4: ACTIVE, InfiniBand"),
+        "{text}"
+    );
+}

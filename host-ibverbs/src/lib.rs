@@ -10,6 +10,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod devices;
+pub mod gids;
 pub mod oob;
 pub mod perf;
 pub mod udp;
