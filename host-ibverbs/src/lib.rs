@@ -11,6 +11,7 @@
 
 pub mod devices;
 pub mod gids;
+pub mod memlock;
 pub mod oob;
 pub mod perf;
 pub mod udp;

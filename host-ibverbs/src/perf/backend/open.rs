@@ -35,19 +35,6 @@ pub(super) fn decode_qps(s: &str) -> Result<Vec<PeerQp>, OobError> {
         .collect()
 }
 
-#[cfg(feature = "verbs")]
-pub(super) fn decode_gid(s: &str) -> Result<[u8; 16], OobError> {
-    let bad = || OobError::Field(format!("gid {s:?}"));
-    if s.len() != 32 {
-        return Err(bad());
-    }
-    let mut gid = [0u8; 16];
-    for (i, b) in gid.iter_mut().enumerate() {
-        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2).ok_or_else(bad)?, 16).map_err(|_| bad())?;
-    }
-    Ok(gid)
-}
-
 pub(super) fn open_udp(
     cfg: &PerfConfig,
     local_ip: IpAddr,
