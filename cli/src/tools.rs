@@ -91,10 +91,18 @@ pub struct PerfArgs {
     /// Verbs: the port of the RDMA device.
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
     pub ib_port: u8,
-    /// Verbs: the GID index of the local address (`show_gids` lists them; RoCEv2 ones are
-    /// often 1 or 3).
-    #[arg(short = 'x', long = "gid-index", default_value_t = 0)]
-    pub gid_index: u8,
+    /// Verbs: the GID index of the local address (`metaroce devices` lists them). By default
+    /// the port's best RoCE v2 GID, IPv4 before IPv6, as perftest chooses it.
+    #[arg(short = 'x', long = "gid-index")]
+    pub gid_index: Option<u8>,
+    /// Verbs: the traffic class of the connections, the IP header's DSCP and ECN byte on RoCE v2
+    /// (a fabric's lossless or ECN-marked class is usually chosen by DSCP: 106 is DSCP 26 with
+    /// ECT(0)).
+    #[arg(long, default_value_t = 0)]
+    pub tclass: u8,
+    /// Verbs: the service level, 0 to 15 (the VLAN priority on RoCE).
+    #[arg(short = 'S', long = "sl", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..16))]
+    pub sl: u8,
     /// UDP port to receive data on.
     #[arg(long, default_value_t = transport_core::wire::ROCEV2_PORT)]
     pub data_port: u16,
@@ -226,6 +234,8 @@ fn config(test: Test, a: &PerfArgs) -> Result<PerfConfig, String> {
     c.bind = a.bind;
     c.ib_port = a.ib_port;
     c.gid_index = a.gid_index;
+    c.tclass = a.tclass;
+    c.sl = a.sl;
     c.max_memory = a.max_memory;
     c.once = a.once;
     c.allow_data_redirect = a.allow_data_redirect;

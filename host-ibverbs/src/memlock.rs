@@ -91,6 +91,19 @@ fn effective_caps() -> Option<u64> {
     u64::from_str_radix(line["CapEff:".len()..].trim(), 16).ok()
 }
 
+/// Bytes this process has pinned (`VmPin` of /proc/self/status: the pages RDMA registrations
+/// hold, which the kernel counts against `RLIMIT_MEMLOCK`); 0 where the kernel does not say.
+pub fn pinned_bytes() -> u64 {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return 0;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmPin:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
 /// Whether `need` bytes of registrations fit this process's locked-memory limit.
 pub fn check(need: u64) -> Result<(), MemlockError> {
     MemlockLimit::current().check(need)
@@ -130,6 +143,8 @@ mod tests {
             cap_ipc_lock: false,
         };
         assert_eq!(unlimited.check(u64::MAX), Ok(()));
+        // Nothing is pinned by a test process (no RDMA registration here).
+        assert_eq!(pinned_bytes(), 0);
     }
 
     /// Under a lowered limit and without CAP_IPC_LOCK (set by `setpriv` and `prlimit` for a

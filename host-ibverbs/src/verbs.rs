@@ -139,6 +139,21 @@ pub struct DeviceAttr {
     pub max_mr_size: u64,
     /// Physical ports.
     pub phys_port_cnt: u8,
+    /// Entries per completion queue at most.
+    pub max_cqe: i32,
+    /// Reads and atomics a queue pair may answer at once (its responder resources).
+    pub max_qp_rd_atom: i32,
+    /// Reads and atomics a queue pair may have outstanding as initiator.
+    pub max_qp_init_rd_atom: i32,
+    /// Atomic support (`IBV_ATOMIC_NONE` is 0).
+    pub atomic_cap: u32,
+}
+
+impl DeviceAttr {
+    /// Whether the device does remote atomics at all.
+    pub fn has_atomics(&self) -> bool {
+        self.atomic_cap != sys::ibv_atomic_cap::IBV_ATOMIC_NONE
+    }
 }
 
 /// A port's state.
@@ -150,7 +165,24 @@ pub struct PortAttr {
     pub active_mtu: u32,
     /// GID table length.
     pub gid_tbl_len: i32,
+    /// `IBV_LINK_LAYER_ETHERNET` (2) for RoCE, `IBV_LINK_LAYER_INFINIBAND` (1).
+    pub link_layer: u8,
 }
+
+/// The name of a port state (`ibv_port_state`).
+pub fn port_state_name(state: u32) -> &'static str {
+    match state {
+        1 => "DOWN",
+        2 => "INIT",
+        3 => "ARMED",
+        4 => "ACTIVE",
+        5 => "ACTIVE_DEFER",
+        _ => "NOP",
+    }
+}
+
+/// Ethernet, the link layer of a RoCE port.
+pub const LINK_LAYER_ETHERNET: u8 = 2;
 
 impl Context {
     /// Opens the device `name`, or the first one.
@@ -217,6 +249,10 @@ impl Context {
             max_mr: a.max_mr,
             max_mr_size: a.max_mr_size,
             phys_port_cnt: a.phys_port_cnt,
+            max_cqe: a.max_cqe,
+            max_qp_rd_atom: a.max_qp_rd_atom,
+            max_qp_init_rd_atom: a.max_qp_init_rd_atom,
+            atomic_cap: a.atomic_cap,
         })
     }
 
@@ -233,6 +269,7 @@ impl Context {
             state: a.state,
             active_mtu: a.active_mtu,
             gid_tbl_len: a.gid_tbl_len,
+            link_layer: a.link_layer,
         })
     }
 
@@ -374,11 +411,21 @@ struct MrInner {
 
 impl Drop for MrInner {
     fn drop(&mut self) {
-        // SAFETY: registered by ibv_reg_mr; deregistered before its memory is freed.
-        unsafe {
-            sys::ibv_dereg_mr(self.mr.as_ptr());
-            std::alloc::dealloc(self.buf.as_ptr(), self.layout);
+        // SAFETY: registered by ibv_reg_mr and deregistered once; no queue pair holds it any
+        // more (they hold this Rc while a request on it may be posted).
+        let rc = unsafe { sys::ibv_dereg_mr(self.mr.as_ptr()) };
+        if rc != 0 {
+            // The NIC may still write into the memory: leave it allocated (a leak, not a
+            // use after free) and say so.
+            eprintln!(
+                "metaroce: ibv_dereg_mr: {}; its {} bytes stay allocated",
+                rc_err("ibv_dereg_mr", rc),
+                self.layout.size()
+            );
+            return;
         }
+        // SAFETY: allocated with `layout` in `reg_mr`; the registration is gone.
+        unsafe { std::alloc::dealloc(self.buf.as_ptr(), self.layout) };
     }
 }
 
@@ -440,6 +487,7 @@ impl ProtectionDomain {
         let qp = NonNull::new(qp).ok_or_else(|| verb_err("ibv_create_qp"))?;
         Ok(QueuePair {
             qp,
+            held: Holds::default(),
             _pd: self.inner.clone(),
             _cq: cq.inner.clone(),
         })
@@ -539,6 +587,8 @@ mod tests {
             opcode,
             byte_len: 8,
             imm: None,
+            vendor_err: 0,
+            qp_num: 7,
         };
         for (opcode, kind) in [
             (op::IBV_WC_SEND, K::Send),
@@ -554,6 +604,59 @@ mod tests {
         assert_eq!(wc(op::IBV_WC_BIND_MW, 0).kind(), None);
         assert!(wc(op::IBV_WC_SEND, sys::ibv_wc_status::IBV_WC_SUCCESS).is_success());
         assert!(!wc(op::IBV_WC_SEND, sys::ibv_wc_status::IBV_WC_REM_ACCESS_ERR).is_success());
+    }
+
+    /// A region a queue pair posted on is held once, however many requests, and lives while the
+    /// queue pair holds it although the caller dropped its handle: a posted receive never
+    /// outlives its memory.
+    #[test]
+    fn posted_regions_are_held_until_the_queue_pair_goes() {
+        struct Region(std::rc::Rc<std::cell::Cell<bool>>);
+        impl Drop for Region {
+            fn drop(&mut self) {
+                self.0.set(true);
+            }
+        }
+        let freed = std::rc::Rc::new(std::cell::Cell::new(false));
+        let caller = Rc::new(Region(freed.clone()));
+        let qp_holds: Holds<Region> = Holds::default();
+        for _ in 0..1000 {
+            qp_holds.hold(&caller);
+        }
+        assert_eq!(qp_holds.len(), 1);
+        let other = Rc::new(Region(std::rc::Rc::new(std::cell::Cell::new(false))));
+        qp_holds.hold(&other);
+        assert_eq!(qp_holds.len(), 2);
+        drop(caller); // the phase ends, its handle goes
+        assert!(!freed.get(), "deregistered under a posted receive");
+        drop(qp_holds); // the queue pair is destroyed
+        assert!(freed.get());
+    }
+
+    #[test]
+    fn atomics_are_eight_aligned_bytes() {
+        use crate::udp::WrOp;
+        let cas = WrOp::CompareSwap {
+            compare: 1,
+            swap: 2,
+        };
+        for op in [cas, WrOp::FetchAdd(1)] {
+            assert!(check_atomic_args(op, 8, 0x1000, 0x2008).is_ok());
+            for (len, va, local) in [
+                (4, 0x1000, 0x2000),
+                (16, 0x1000, 0x2000),
+                (8, 0x1004, 0x2000),
+                (8, 0x1000, 0x2001),
+            ] {
+                let e = check_atomic_args(op, len, va, local)
+                    .unwrap_err()
+                    .to_string();
+                assert!(e.starts_with("invalid atomic"), "{e}");
+            }
+        }
+        assert!(check_atomic_args(WrOp::Write, 3, 0x1001, 0x2003).is_ok());
+        assert_eq!(port_state_name(4), "ACTIVE");
+        assert_eq!(port_state_name(1), "DOWN");
     }
 
     /// The device the build names, with port 1's GID at `METAROCE_VERBS_GID` (default 1).
@@ -601,12 +704,16 @@ mod tests {
                     sgid_index: self.gid_index,
                     mtu: self.mtu,
                     port: 1,
+                    traffic_class: 0,
+                    sl: 0,
+                    max_dest_rd_atomic: 16,
                 },
                 &RtsAttr {
                     sq_psn,
                     timeout: 14,
                     retry_cnt: 7,
                     rnr_retry: 7,
+                    max_rd_atomic: 16,
                 },
             )
             .unwrap();

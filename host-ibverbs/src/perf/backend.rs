@@ -140,8 +140,15 @@ struct VerbsEp {
     ctx: crate::verbs::Context,
     port: u8,
     gid_index: u8,
-    gid: [u8; 16],
-    mtu: u32,
+    /// What this end offers the peer: its GID, the GID's type and its MTU.
+    local: verbs_addr::VerbsAddr,
+    /// The traffic class and service level of the connections.
+    tclass: u8,
+    sl: u8,
+    /// Reads and atomics in flight per connection, each way (the device's limits, at most 16).
+    rd_atomic: u8,
+    /// Access of regions and queue pairs: remote atomics only where the device has them.
+    access: crate::udp::Access,
     psns: Vec<u32>,
     /// Scratch for polling.
     wcs: std::cell::RefCell<Vec<crate::verbs::Wc>>,
@@ -197,7 +204,26 @@ impl Endpoint {
         match &self.be {
             Be::Udp(u) => Ok(Mr::Udp(u.pd.reg_mr(len, ALL_ACCESS)?)),
             #[cfg(feature = "verbs")]
-            Be::Verbs(v) => Ok(Mr::Verbs(v.pd.reg_mr(len, ALL_ACCESS)?)),
+            Be::Verbs(v) => {
+                // Pinned memory counts against RLIMIT_MEMLOCK: say so before ibv_reg_mr fails
+                // with a bare ENOMEM.
+                let pinned = crate::memlock::pinned_bytes();
+                crate::memlock::check(pinned + len as u64)
+                    .map_err(|e| PerfError::Invalid(e.to_string()))?;
+                let mr = v.pd.reg_mr(len, v.access).map_err(|e| match e {
+                    crate::verbs::VerbsError::Verb { source, .. }
+                        if source.raw_os_error() == Some(libc::ENOMEM) =>
+                    {
+                        PerfError::Invalid(format!(
+                            "ibv_reg_mr of {len} bytes: {source} (with {pinned} bytes pinned \
+                             before: the locked-memory limit, `ulimit -l`, or the NIC's \
+                             translation tables are full)"
+                        ))
+                    }
+                    e => e.into(),
+                })?;
+                Ok(Mr::Verbs(mr))
+            }
         }
     }
 
@@ -340,9 +366,13 @@ impl Endpoint {
                 for wc in wcs.iter() {
                     if !wc.is_success() {
                         return Err(PerfError::Completion(format!(
-                            "work request {:#x}: {}",
+                            "work request {:#x} on QP {:#x}: {} (status {}, vendor syndrome \
+                             {:#x})",
                             wc.wr_id,
-                            crate::verbs::wc_status_name(wc.status)
+                            wc.qp_num,
+                            crate::verbs::wc_status_name(wc.status),
+                            wc.status,
+                            wc.vendor_err
                         )));
                     }
                     let kind = wc.kind().ok_or_else(|| {
@@ -455,7 +485,7 @@ impl Endpoint {
             ),
             #[cfg(feature = "verbs")]
             Be::Verbs(v) => (
-                v.gid.iter().map(|b| format!("{b:02x}")).collect(),
+                v.local.encode(),
                 v.qps
                     .iter()
                     .zip(&v.psns)
@@ -496,23 +526,31 @@ impl Endpoint {
             }
             #[cfg(feature = "verbs")]
             Be::Verbs(v) => {
-                let gid = decode_gid(data)?;
+                let peer_addr = verbs_addr::VerbsAddr::decode(data)?;
+                let mtu = verbs_addr::agree(&v.local, &peer_addr).map_err(PerfError::Mismatch)?;
+                let mtu = verbs_addr::mtu_enum(mtu).ok_or_else(|| {
+                    PerfError::Mismatch(format!("no path MTU agreed ({mtu} bytes)"))
+                })?;
                 for ((q, peer), my_psn) in v.qps.iter().zip(peers).zip(&v.psns) {
                     q.connect(
-                        ALL_ACCESS,
+                        v.access,
                         &crate::verbs::RtrAttr {
                             dest_qpn: peer.qpn,
                             rq_psn: peer.psn,
-                            dgid: gid,
+                            dgid: peer_addr.gid,
                             sgid_index: v.gid_index,
-                            mtu: v.mtu,
+                            mtu,
                             port: v.port,
+                            traffic_class: v.tclass,
+                            sl: v.sl,
+                            max_dest_rd_atomic: v.rd_atomic,
                         },
                         &crate::verbs::RtsAttr {
                             sq_psn: *my_psn,
                             timeout: 14,
                             retry_cnt: 7,
                             rnr_retry: 7,
+                            max_rd_atomic: v.rd_atomic,
                         },
                     )?;
                 }

@@ -186,8 +186,13 @@ pub struct PerfConfig {
     pub device: Option<String>,
     /// Verbs: the port.
     pub ib_port: u8,
-    /// Verbs: the GID index of the local address (RoCEv2 GIDs are often 1 or 3).
-    pub gid_index: u8,
+    /// Verbs: the GID index of the local address; `None` takes the best RoCE v2 one of the
+    /// port (`gids::best_gid`), as perftest does.
+    pub gid_index: Option<u8>,
+    /// Verbs: the traffic class of the connections (the IP DSCP and ECN byte on RoCE v2).
+    pub tclass: u8,
+    /// Verbs: the service level (the VLAN PCP on RoCE), 0 to 15.
+    pub sl: u8,
     /// Bytes of buffers one end may register for a phase, all connections and workers
     /// together (`--max-memory`): a peer cannot make this end take more.
     pub max_memory: u64,
@@ -234,7 +239,9 @@ impl PerfConfig {
             transport: Transport::Udp,
             device: None,
             ib_port: 1,
-            gid_index: 0,
+            gid_index: None,
+            tclass: 0,
+            sl: 0,
             max_memory: DEFAULT_MAX_MEMORY,
             once: false,
             allow_data_redirect: false,

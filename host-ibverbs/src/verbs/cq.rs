@@ -52,6 +52,10 @@ pub struct Wc {
     pub byte_len: u32,
     /// Immediate data, when the completion carries some.
     pub imm: Option<u32>,
+    /// The vendor's syndrome of an error completion (a ConnectX's names the cause).
+    pub vendor_err: u32,
+    /// The local queue pair it belongs to.
+    pub qp_num: u32,
 }
 
 impl Wc {
@@ -85,7 +89,13 @@ impl CompletionQueue {
         // SAFETY: the CQ is live and `wcs` has room for `n` entries.
         let got = unsafe { sys::ibv_poll_cq(self.inner.cq.as_ptr(), n, wcs.as_mut_ptr()) };
         if got < 0 {
-            return Err(rc_err("ibv_poll_cq", got));
+            // ibv_poll_cq returns a negative number and sets no errno.
+            return Err(VerbsError::Verb {
+                verb: "ibv_poll_cq",
+                source: io::Error::other(format!(
+                    "returned {got} (the completion queue overran or is in error)"
+                )),
+            });
         }
         for wc in &wcs[..got as usize] {
             let with_imm = wc.wc_flags & sys::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
@@ -97,6 +107,8 @@ impl CompletionQueue {
                 // SAFETY: with IBV_WC_WITH_IMM the union holds the immediate data.
                 imm: with_imm
                     .then(|| u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })),
+                vendor_err: wc.vendor_err,
+                qp_num: wc.qp_num,
             });
         }
         Ok(got as usize)

@@ -17,6 +17,13 @@ pub struct RtrAttr {
     pub mtu: u32,
     /// Port.
     pub port: u8,
+    /// The traffic class of the GRH: the IP header's DSCP and ECN byte on RoCE v2 (perftest's
+    /// `--tclass`; the fabric's lossless or ECN class is usually chosen by DSCP).
+    pub traffic_class: u8,
+    /// Service level (perftest's `-S`; on RoCE the PCP of a VLAN tag).
+    pub sl: u8,
+    /// Reads and atomics the peer may have outstanding at this end (responder resources).
+    pub max_dest_rd_atomic: u8,
 }
 
 /// What the RTS transition needs.
@@ -30,6 +37,8 @@ pub struct RtsAttr {
     pub retry_cnt: u8,
     /// Retries on receiver-not-ready (7: forever).
     pub rnr_retry: u8,
+    /// Reads and atomics this end may have outstanding (initiator depth).
+    pub max_rd_atomic: u8,
 }
 
 /// A send-queue work request on a verbs queue pair.
@@ -49,17 +58,57 @@ pub struct SendWr<'a> {
     pub remote: crate::udp::RemoteAddr,
 }
 
+/// The registrations a queue pair has posted requests on, each held (one reference a region)
+/// until the queue pair is destroyed: a posted receive or send can never outlive its memory.
+/// Dropping the [`MemoryRegion`] a request was posted on only drops the caller's handle; the
+/// region is deregistered and freed after the queue pair, when no request on it can run.
+pub(crate) struct Holds<T>(std::cell::RefCell<Vec<Rc<T>>>);
+
+impl<T> Default for Holds<T> {
+    fn default() -> Self {
+        Holds(std::cell::RefCell::new(Vec::new()))
+    }
+}
+
+impl<T> Holds<T> {
+    /// Holds `r` (once, however many requests are posted on it).
+    pub(crate) fn hold(&self, r: &Rc<T>) {
+        let mut v = self.0.borrow_mut();
+        if !v.iter().rev().any(|h| Rc::ptr_eq(h, r)) {
+            v.push(r.clone());
+        }
+    }
+
+    /// How many registrations are held.
+    pub(crate) fn len(&self) -> usize {
+        self.0.borrow().len()
+    }
+}
+
 /// An RC queue pair.
 pub struct QueuePair {
     pub(super) qp: NonNull<sys::ibv_qp>,
+    /// The regions of posted requests; dropped after the queue pair is destroyed (`Drop` runs
+    /// before the fields are dropped).
+    pub(super) held: Holds<MrInner>,
     pub(super) _pd: Rc<PdInner>,
     pub(super) _cq: Rc<CqInner>,
 }
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        // SAFETY: created by ibv_create_qp and destroyed once, before its PD and CQ.
-        unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
+        // SAFETY: created by ibv_create_qp and destroyed once, before its PD and CQ and before
+        // the regions its requests were posted on.
+        let rc = unsafe { sys::ibv_destroy_qp(self.qp.as_ptr()) };
+        if rc != 0 {
+            // Its requests may still run: keep their regions registered and allocated.
+            eprintln!(
+                "metaroce: {}; its {} regions stay registered",
+                rc_err("ibv_destroy_qp", rc),
+                self.held.len()
+            );
+            std::mem::forget(std::mem::take(&mut *self.held.0.borrow_mut()));
+        }
     }
 }
 
@@ -110,8 +159,9 @@ impl QueuePair {
     /// INIT to RTR.
     pub fn to_rtr(&self, r: &RtrAttr) -> Result<(), VerbsError> {
         use sys::ibv_qp_attr_mask as m;
-        if r.dest_qpn > 0xff_ffff || r.rq_psn > 0xff_ffff || !(1..=5).contains(&r.mtu) {
-            return Err(VerbsError::Invalid("RTR attributes (QPN, PSN or MTU)"));
+        if r.dest_qpn > 0xff_ffff || r.rq_psn > 0xff_ffff || !(1..=5).contains(&r.mtu) || r.sl > 15
+        {
+            return Err(VerbsError::Invalid("RTR attributes (QPN, PSN, MTU or SL)"));
         }
         // SAFETY: plain C structure; all-zero is valid.
         let mut a: sys::ibv_qp_attr = unsafe { zeroed() };
@@ -119,13 +169,15 @@ impl QueuePair {
         a.path_mtu = r.mtu;
         a.dest_qp_num = r.dest_qpn;
         a.rq_psn = r.rq_psn;
-        a.max_dest_rd_atomic = 16;
+        a.max_dest_rd_atomic = r.max_dest_rd_atomic;
         a.min_rnr_timer = 12;
         a.ah_attr.is_global = 1;
         a.ah_attr.port_num = r.port;
+        a.ah_attr.sl = r.sl;
         a.ah_attr.grh.dgid.raw = r.dgid;
         a.ah_attr.grh.sgid_index = r.sgid_index;
         a.ah_attr.grh.hop_limit = 64;
+        a.ah_attr.grh.traffic_class = r.traffic_class;
         self.modify(
             "ibv_modify_qp(RTR)",
             &mut a,
@@ -155,7 +207,7 @@ impl QueuePair {
         a.timeout = r.timeout;
         a.retry_cnt = r.retry_cnt;
         a.rnr_retry = r.rnr_retry;
-        a.max_rd_atomic = 16;
+        a.max_rd_atomic = r.max_rd_atomic;
         self.modify(
             "ibv_modify_qp(RTS)",
             &mut a,
@@ -183,6 +235,7 @@ impl QueuePair {
                 "local buffer outside the memory region",
             ));
         }
+        check_atomic(wr)?;
         let mut sge = sys::ibv_sge {
             addr: mr.addr() + wr.offset as u64,
             length: wr.len,
@@ -244,6 +297,7 @@ impl QueuePair {
         if rc != 0 {
             return Err(rc_err("ibv_post_send", rc));
         }
+        self.held.hold(&mr.inner);
         Ok(())
     }
 
@@ -280,6 +334,36 @@ impl QueuePair {
         if rc != 0 {
             return Err(rc_err("ibv_post_recv", rc));
         }
+        self.held.hold(&mr.inner);
         Ok(())
     }
+}
+
+/// An atomic moves 8 bytes at an 8-byte-aligned remote address, into an 8-byte-aligned local
+/// buffer (the NIC answers anything else with a completion error after the fact, or undefined
+/// results); other operations pass.
+pub fn check_atomic(wr: &SendWr<'_>) -> Result<(), VerbsError> {
+    check_atomic_args(wr.op, wr.len, wr.remote.va, wr.mr.addr() + wr.offset as u64)
+}
+
+/// [`check_atomic`] on the values alone.
+pub fn check_atomic_args(
+    op: crate::udp::WrOp,
+    len: u32,
+    remote_va: u64,
+    local_addr: u64,
+) -> Result<(), VerbsError> {
+    use crate::udp::WrOp;
+    if !matches!(op, WrOp::CompareSwap { .. } | WrOp::FetchAdd(_)) {
+        return Ok(());
+    }
+    if len != 8 {
+        return Err(VerbsError::Invalid("atomic length (it is 8 bytes)"));
+    }
+    if remote_va % 8 != 0 || local_addr % 8 != 0 {
+        return Err(VerbsError::Invalid(
+            "atomic address (remote and local must be 8-byte aligned)",
+        ));
+    }
+    Ok(())
 }

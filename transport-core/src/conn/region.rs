@@ -24,6 +24,11 @@ impl Access {
         Access(self.0 | other.0)
     }
 
+    /// These rights without those of `other`.
+    pub const fn without(self, other: Access) -> Access {
+        Access(self.0 & !other.0)
+    }
+
     /// Whether every right in `need` is granted.
     pub const fn grants(self, need: Access) -> bool {
         self.0 & need.0 == need.0

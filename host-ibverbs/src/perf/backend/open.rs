@@ -112,51 +112,124 @@ pub(super) fn open_verbs(_cfg: &PerfConfig) -> Result<Endpoint, PerfError> {
 
 #[cfg(feature = "verbs")]
 pub(super) fn open_verbs(cfg: &PerfConfig) -> Result<Endpoint, PerfError> {
+    use crate::gids;
     use crate::verbs;
     let ctx = verbs::Context::open(cfg.device.as_deref())?;
+    let dev = ctx.name().to_string();
     let port = cfg.ib_port;
+    let da = ctx.query()?;
+    if port == 0 || port > da.phys_port_cnt {
+        return Err(PerfError::Invalid(format!(
+            "{dev} has {} port(s); -i {port} names none",
+            da.phys_port_cnt
+        )));
+    }
     let pa = ctx.query_port(port)?;
+    if pa.link_layer != verbs::LINK_LAYER_ETHERNET {
+        return Err(PerfError::Invalid(format!(
+            "port {port} of {dev} is {}: RoCE needs an Ethernet port (an InfiniBand port is \
+             addressed by LID, which this transport does not do)",
+            if pa.link_layer == 1 {
+                "InfiniBand"
+            } else {
+                "not Ethernet"
+            }
+        )));
+    }
     if pa.state != 4 {
         return Err(PerfError::Invalid(format!(
-            "port {port} of {} is not active (state {})",
-            ctx.name(),
-            pa.state
+            "port {port} of {dev} is {} (not ACTIVE; see `ip link` for its interface)",
+            verbs::port_state_name(pa.state)
         )));
     }
-    let gid = ctx.query_gid(port, i32::from(cfg.gid_index))?;
-    if gid == [0; 16] {
-        return Err(PerfError::Invalid(format!(
-            "GID index {} of {} port {port} is empty (see `show_gids`; RoCEv2 GIDs are often 1 or 3)",
-            cfg.gid_index,
-            ctx.name()
-        )));
-    }
-    // The path MTU: the one asked for (bytes) if the port allows it, else the port's.
-    let mtu = match cfg.mtu {
-        None => pa.active_mtu,
-        Some(m) => {
-            let e = match m {
-                256 => 1,
-                512 => 2,
-                1024 => 3,
-                2048 => 4,
-                4096 => 5,
-                _ => {
-                    return Err(PerfError::Invalid(
-                        "-m must be 256, 512, 1024, 2048 or 4096 with verbs".into(),
-                    ))
-                }
-            };
-            e.min(pa.active_mtu)
+    // The GID: the one -x names, else the best RoCE v2 one, as perftest picks it; its type from
+    // sysfs (rdma-sys does not bind ibv_query_gid_ex).
+    let sysfs_port = gids::read_port(
+        &std::path::Path::new(gids::SYSFS_ROOT)
+            .join(&dev)
+            .join("ports")
+            .join(port.to_string()),
+        port,
+    )
+    .ok();
+    let prefer_v6 = cfg.server.as_deref().is_some_and(|s| s.contains(':'));
+    let gid_index = match (cfg.gid_index, &sysfs_port) {
+        (Some(i), _) => i,
+        (None, Some(p)) => gids::best_gid(p, prefer_v6)
+            .map(|g| g.index)
+            .ok_or_else(|| {
+                PerfError::Invalid(format!(
+                    "port {port} of {dev} has no GID in use (does its interface have an address?)"
+                ))
+            })?,
+        (None, None) => {
+            return Err(PerfError::Invalid(format!(
+                "cannot read the GID table of {dev} port {port} in {}; name a GID index with -x",
+                gids::SYSFS_ROOT
+            )))
         }
     };
+    let gid = ctx.query_gid(port, i32::from(gid_index))?;
+    if gid == [0; 16] {
+        return Err(PerfError::Invalid(format!(
+            "GID index {gid_index} of {dev} port {port} is empty (`metaroce devices` lists the \
+             used ones)"
+        )));
+    }
+    let kind = sysfs_port
+        .as_ref()
+        .and_then(|p| p.gids.iter().find(|g| g.index == gid_index))
+        .and_then(|g| g.kind);
+    if cfg.gid_index.is_none() {
+        eprintln!(
+            "metaroce: {dev} port {port}: GID index {gid_index} ({}, {})",
+            std::net::Ipv6Addr::from(gid),
+            kind.map_or("type unknown", gids::GidType::name)
+        );
+    }
+    // The MTU this end offers: the port's, or the smaller one -m asks for.
+    let active = verbs_addr::mtu_bytes(pa.active_mtu).unwrap_or(1024);
+    let mtu = match cfg.mtu {
+        None => active,
+        Some(m) if verbs_addr::mtu_enum(m).is_some() => m.min(active),
+        Some(_) => {
+            return Err(PerfError::Invalid(
+                "-m must be 256, 512, 1024, 2048 or 4096 with verbs".into(),
+            ))
+        }
+    };
+    // Queues within the device's limits, said by name.
     let depth = cfg.tx_depth.max(512);
+    let cq_depth = u64::from(depth) * 2 * u64::from(cfg.qps);
+    for (what, want, max) in [
+        ("queue pairs (-q)", u64::from(cfg.qps), da.max_qp),
+        (
+            "work requests per queue (-t)",
+            u64::from(depth),
+            da.max_qp_wr,
+        ),
+        (
+            "completion queue entries (-t x 2 x -q)",
+            cq_depth,
+            da.max_cqe,
+        ),
+    ] {
+        if want > max.max(0) as u64 {
+            return Err(PerfError::Invalid(format!(
+                "{dev} allows {max} {what}; this run needs {want}"
+            )));
+        }
+    }
+    let mut access = super::ALL_ACCESS;
+    if !da.has_atomics() {
+        access = access.without(crate::udp::Access::REMOTE_ATOMIC);
+    }
+    let rd_atomic = da.max_qp_rd_atom.min(da.max_qp_init_rd_atom).clamp(1, 16) as u8;
     let pd = ctx.alloc_pd()?;
-    let cq_depth = (depth * 2 * cfg.qps).min(1 << 20) as i32;
     let cq = if cfg.use_event {
-        ctx.create_cq_with_events(cq_depth)?
+        ctx.create_cq_with_events(cq_depth as i32)?
     } else {
-        ctx.create_cq(cq_depth)?
+        ctx.create_cq(cq_depth as i32)?
     };
     let qps = (0..cfg.qps)
         .map(|_| pd.create_qp(&cq, depth))
@@ -174,9 +247,12 @@ pub(super) fn open_verbs(cfg: &PerfConfig) -> Result<Endpoint, PerfError> {
             pd,
             ctx,
             port,
-            gid_index: cfg.gid_index,
-            gid,
-            mtu,
+            gid_index,
+            local: verbs_addr::VerbsAddr { gid, kind, mtu },
+            tclass: cfg.tclass,
+            sl: cfg.sl,
+            rd_atomic,
+            access,
             psns,
             wcs: std::cell::RefCell::new(Vec::with_capacity(16)),
             use_event: cfg.use_event,
