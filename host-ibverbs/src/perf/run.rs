@@ -309,6 +309,34 @@ pub(super) fn phase_bytes(test: Test, q: usize, slots: usize, size: usize) -> u6
     bufs + recvs + 2 * size as u64
 }
 
+/// How many receives a connection may still post in a phase. A receive left posted when a phase
+/// ends would take the first Send of the next one, which may be larger than its buffer (a local
+/// length error on a NIC) and lands in the old phase's memory: so when the number of messages is
+/// known (a run of iterations), a connection posts exactly that many receives over the phase,
+/// and none is left. A timed run (-D) cannot know, and may end with receives posted.
+pub(super) struct RecvBudget {
+    left: Option<u64>,
+}
+
+impl RecvBudget {
+    /// `messages` to receive in the phase (`None`: unknown, unbounded).
+    pub(super) fn new(messages: Option<u64>) -> Self {
+        RecvBudget { left: messages }
+    }
+
+    /// Whether one more receive may be posted (and counts it).
+    pub(super) fn take(&mut self) -> bool {
+        match &mut self.left {
+            None => true,
+            Some(0) => false,
+            Some(n) => {
+                *n -= 1;
+                true
+            }
+        }
+    }
+}
+
 /// Receive buffers per connection for a phase.
 fn recv_count(test: Test, q: usize, size: usize) -> usize {
     match test {

@@ -163,6 +163,23 @@ fn all_sizes_runs_a_phase_per_size() {
     }
 }
 
+/// Each phase of a run over every size posts exactly the receives its messages take: none is
+/// left for the next, larger phase's first Send to land in (too short, and in the old phase's
+/// memory), on the server's side (send-bw, send-lat, write-lat) nor the client's (the pongs).
+#[test]
+fn all_sizes_leave_no_receive_behind() {
+    for test in [Test::SendBw, Test::SendLat, Test::WriteLat] {
+        let mut cfg = PerfConfig::new(test);
+        cfg.all_sizes = true;
+        cfg.iters = 5;
+        cfg.qps = 1;
+        let (reports, served) = run_pair(cfg);
+        assert_eq!((reports.len(), served.phases), (23, 23), "{test:?}");
+        assert!(reports.iter().all(Report::verified), "{test:?}");
+        assert!(served.verified, "{test:?}");
+    }
+}
+
 /// Runs a server with `server` and a client that differs from it by `change`; both must fail,
 /// and the client's error is returned.
 fn refused(server: PerfConfig, change: impl FnOnce(&mut PerfConfig)) -> String {

@@ -22,9 +22,13 @@ pub(super) fn client_lat(
     } = *ph;
     let rbuf = ep.reg_mr(LAT_RECVS * size.max(1))?;
     let uses_recv = matches!(cfg.test, Test::WriteLat | Test::SendLat);
+    // One answer per ping: exactly `iters` receives over the phase, none left posted.
+    let mut budget = RecvBudget::new(Some(cfg.iters));
     if uses_recv {
         for b in 0..LAT_RECVS {
-            ep.post_recv(0, b as u64, 0, &rbuf, b * size, size)?;
+            if budget.take() {
+                ep.post_recv(0, b as u64, 0, &rbuf, b * size, size)?;
+            }
         }
     }
     let sseed = server_seed(seed);
@@ -78,7 +82,9 @@ pub(super) fn client_lat(
                             verified &= wc.byte_len as usize == size
                                 && matches(&rbuf, b * size, &mut tmp, sseed, 0, slot);
                         }
-                        ep.post_recv(0, b as u64, 0, &rbuf, b * size, size)?;
+                        if budget.take() {
+                            ep.post_recv(0, b as u64, 0, &rbuf, b * size, size)?;
+                        }
                     }
                     CompletionKind::Read => {
                         hit = Some(t0.elapsed());

@@ -43,8 +43,23 @@ pub(in crate::perf) fn server_phase(
     let streams = ep.streams();
     // Receive buffers.
     let recv_count = recv_count(cfg.test, q, size);
+    // A run of iterations sends `iters` messages on each connection (latency tests on the
+    // first), message m of send-bw on stream m % streams: post exactly that many receives on
+    // each stream over the phase (see `RecvBudget`).
+    let recv_streams = if cfg.test == Test::SendBw { streams } else { 1 };
+    let per_stream = |s: usize| {
+        let (n, k) = (iters, recv_streams as u64);
+        n / k + u64::from((s as u64) < n % k)
+    };
+    let mut budgets: Vec<Vec<RecvBudget>> = (0..q)
+        .map(|_| {
+            (0..recv_streams)
+                .map(|s| RecvBudget::new(cfg.duration.is_none().then(|| per_stream(s))))
+                .collect()
+        })
+        .collect();
     let mut rbufs = Vec::new();
-    for i in 0..q {
+    for (i, budget) in budgets.iter_mut().enumerate() {
         if recv_count == 0 {
             break;
         }
@@ -55,7 +70,9 @@ pub(in crate::perf) fn server_phase(
             } else {
                 0
             };
-            ep.post_recv(i, wr_id(i, b as u64), stream as u16, &r, b * size, size)?;
+            if budget[stream].take() {
+                ep.post_recv(i, wr_id(i, b as u64), stream as u16, &r, b * size, size)?;
+            }
         }
         rbufs.push(r);
     }
@@ -107,7 +124,9 @@ pub(in crate::perf) fn server_phase(
                     ok &= wc.byte_len as usize == size
                         && matches(&rbufs[i], b * size, &mut tmp, seed, i, slot);
                     checked += size as u64;
-                    ep.post_recv(i, wc.wr_id, wc.stream, &rbufs[i], b * size, size)?;
+                    if budgets[i][s].take() {
+                        ep.post_recv(i, wc.wr_id, wc.stream, &rbufs[i], b * size, size)?;
+                    }
                 }
                 (
                     Test::WriteLat | Test::SendLat,
@@ -133,7 +152,9 @@ pub(in crate::perf) fn server_phase(
                             && matches(&rbufs[i], b * size, &mut tmp, seed, i, slot)
                     };
                     checked += size as u64;
-                    ep.post_recv(i, wc.wr_id, 0, &rbufs[i], b * size, size)?;
+                    if budgets[i][0].take() {
+                        ep.post_recv(i, wc.wr_id, 0, &rbufs[i], b * size, size)?;
+                    }
                 }
                 _ => {}
             }
