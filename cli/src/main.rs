@@ -80,6 +80,13 @@ enum Command {
     /// RDMA Read latency test.
     #[command(name = "read-lat")]
     ReadLat(tools::PerfArgs),
+    /// Atomic bandwidth test: fetch-and-add (or compare-and-swap, -A) on one 8-byte word of the
+    /// peer per connection, -t deep.
+    #[command(name = "atomic-bw")]
+    AtomicBw(tools::PerfArgs),
+    /// Atomic latency test: one fetch-and-add (or compare-and-swap, -A) at a time.
+    #[command(name = "atomic-lat")]
+    AtomicLat(tools::PerfArgs),
     /// A Write bandwidth and a Write latency run over UDP on 127.0.0.1 inside this process:
     /// no configuration, no privileges.
     Loopback {
@@ -273,6 +280,8 @@ fn main() -> ExitCode {
         Command::SendLat(a) => return tools::run_perf(Test::SendLat, &a),
         Command::ReadBw(a) => return tools::run_perf(Test::ReadBw, &a),
         Command::ReadLat(a) => return tools::run_perf(Test::ReadLat, &a),
+        Command::AtomicBw(a) => return tools::run_perf(Test::AtomicBw, &a),
+        Command::AtomicLat(a) => return tools::run_perf(Test::AtomicLat, &a),
         Command::Loopback { seconds, json } => return tools::run_loopback(json, seconds),
         Command::Devices { json, sysfs } => return tools::run_devices(json, &sysfs),
         Command::Stats { pid, json } => return tools::run_stats(pid, json),

@@ -31,6 +31,18 @@ fn parse_gbps(s: &str) -> Result<u32, String> {
     }
 }
 
+/// The atomic operations by perftest's names.
+fn atomic_parser() -> impl clap::builder::TypedValueParser<Value = perf::AtomicKind> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(["FETCH_AND_ADD", "CMP_AND_SWAP"]).map(|s| {
+        if s == "CMP_AND_SWAP" {
+            perf::AtomicKind::CmpAndSwap
+        } else {
+            perf::AtomicKind::FetchAndAdd
+        }
+    })
+}
+
 /// The backends by the names the exchange uses (`perf::Transport::name`).
 fn transport_parser() -> impl clap::builder::TypedValueParser<Value = perf::Transport> {
     use clap::builder::TypedValueParser;
@@ -161,6 +173,9 @@ pub struct PerfArgs {
     /// Latency tests: as -H, and the samples in the order measured before the sorted ones.
     #[arg(short = 'U', long = "report-unsorted")]
     pub report_unsorted: bool,
+    /// Atomic tests: the operation, FETCH_AND_ADD (the default) or CMP_AND_SWAP.
+    #[arg(short = 'A', long = "atomic_type", value_parser = atomic_parser())]
+    pub atomic_type: Option<perf::AtomicKind>,
     /// Print one JSON object per result line.
     #[arg(long)]
     pub json: bool,
@@ -235,6 +250,11 @@ fn config(test: Test, a: &PerfArgs) -> Result<PerfConfig, String> {
     c.ib_port = a.ib_port;
     c.gid_index = a.gid_index;
     c.tclass = a.tclass;
+    match (a.atomic_type, test.is_atomic()) {
+        (Some(k), true) => c.atomic = k,
+        (Some(_), false) => return Err("-A applies to atomic-bw and atomic-lat".into()),
+        (None, _) => {}
+    }
     c.sl = a.sl;
     c.max_memory = a.max_memory;
     c.once = a.once;

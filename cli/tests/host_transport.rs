@@ -455,6 +455,44 @@ fn latency_tests_over_processes() {
     }
 }
 
+/// `metaroce atomic-bw` and `atomic-lat` between two processes, each atomic's original value and
+/// the peer's final word checked; -A names perftest's operations, and a wrong size is refused.
+#[test]
+fn atomic_tests_over_processes() {
+    for (test, op) in [
+        ("atomic-bw", "FETCH_AND_ADD"),
+        ("atomic-bw", "CMP_AND_SWAP"),
+        ("atomic-lat", "FETCH_AND_ADD"),
+        ("atomic-lat", "CMP_AND_SWAP"),
+    ] {
+        let p = pair(
+            test,
+            &[],
+            &["--data-port", "0"],
+            &[],
+            &["--json", "-n", "1000", "-A", op, "--data-port", "0"],
+            "127.0.0.1",
+            &[],
+        );
+        assert_success(&p);
+        let r = &p.client_json()[0];
+        assert_eq!(r["bytes"], 8, "{test} {op}");
+        assert_eq!(r["iterations"], 1000, "{test} {op}");
+        assert_eq!(r["verified"], true, "{test} {op}");
+    }
+    let out = std::process::Command::new(bin())
+        .args(["atomic-bw", "127.0.0.1", "-s", "64", "-p", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("8 bytes"));
+    let out = std::process::Command::new(bin())
+        .args(["write-bw", "127.0.0.1", "-A", "CMP_AND_SWAP", "-p", "1"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("-A applies to atomic"));
+}
+
 /// perftest's -H and -U: every sample, sorted (and first in the order measured with -U),
 /// before the summary line; with --json a `samples_us` array in the order measured, whose
 /// extremes and median are the summary's.

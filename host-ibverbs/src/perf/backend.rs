@@ -63,6 +63,15 @@ impl Mr {
         }
     }
 
+    /// Copies `out.len()` bytes at `offset` into `out`.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), PerfError> {
+        match self {
+            Mr::Udp(m) => m.read(offset, out).map_err(PerfError::from),
+            #[cfg(feature = "verbs")]
+            Mr::Verbs(m) => m.read(offset, out).map_err(PerfError::from),
+        }
+    }
+
     /// Whether the region holds `data` at `offset` (false when the range is outside it).
     pub fn equals(&self, offset: usize, data: &[u8]) -> bool {
         match self {

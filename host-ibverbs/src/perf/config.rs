@@ -81,6 +81,42 @@ pub enum Test {
     ReadBw,
     /// RDMA Read latency.
     ReadLat,
+    /// Atomic bandwidth: compare-and-swap or fetch-and-add on one 8-byte word of the peer.
+    AtomicBw,
+    /// Atomic latency: one atomic at a time.
+    AtomicLat,
+}
+
+/// The atomic operation of the atomic tests (perftest's `-A`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AtomicKind {
+    /// Fetch-and-add of 1: the k-th operation on the word returns k.
+    #[default]
+    FetchAndAdd,
+    /// Compare-and-swap of k with k + 1: as an increment when every operation finds what it
+    /// expects, so the k-th returns k again.
+    CmpAndSwap,
+}
+
+impl AtomicKind {
+    /// perftest's name (`FETCH_AND_ADD`, `CMP_AND_SWAP`).
+    pub fn name(self) -> &'static str {
+        match self {
+            AtomicKind::FetchAndAdd => "FETCH_AND_ADD",
+            AtomicKind::CmpAndSwap => "CMP_AND_SWAP",
+        }
+    }
+
+    /// The `n`-th operation on a word that every operation increments (from 0).
+    pub fn op(self, n: u64) -> crate::udp::WrOp {
+        match self {
+            AtomicKind::FetchAndAdd => crate::udp::WrOp::FetchAdd(1),
+            AtomicKind::CmpAndSwap => crate::udp::WrOp::CompareSwap {
+                compare: n,
+                swap: n.wrapping_add(1),
+            },
+        }
+    }
 }
 
 impl Test {
@@ -93,6 +129,8 @@ impl Test {
             Test::SendLat => "send-lat",
             Test::ReadBw => "read-bw",
             Test::ReadLat => "read-lat",
+            Test::AtomicBw => "atomic-bw",
+            Test::AtomicLat => "atomic-lat",
         }
     }
 
@@ -105,6 +143,8 @@ impl Test {
             Test::SendLat,
             Test::ReadBw,
             Test::ReadLat,
+            Test::AtomicBw,
+            Test::AtomicLat,
         ]
         .into_iter()
         .find(|t| t.name() == s)
@@ -112,7 +152,15 @@ impl Test {
 
     /// Whether it measures latency.
     pub fn is_latency(self) -> bool {
-        matches!(self, Test::WriteLat | Test::SendLat | Test::ReadLat)
+        matches!(
+            self,
+            Test::WriteLat | Test::SendLat | Test::ReadLat | Test::AtomicLat
+        )
+    }
+
+    /// Whether it runs atomics (8 bytes each).
+    pub fn is_atomic(self) -> bool {
+        matches!(self, Test::AtomicBw | Test::AtomicLat)
     }
 }
 
@@ -193,6 +241,8 @@ pub struct PerfConfig {
     pub tclass: u8,
     /// Verbs: the service level (the VLAN PCP on RoCE), 0 to 15.
     pub sl: u8,
+    /// Atomic tests: the operation.
+    pub atomic: AtomicKind,
     /// Bytes of buffers one end may register for a phase, all connections and workers
     /// together (`--max-memory`): a peer cannot make this end take more.
     pub max_memory: u64,
@@ -214,7 +264,13 @@ impl PerfConfig {
             port: crate::oob::DEFAULT_PORT,
             data_port: transport_core::wire::ROCEV2_PORT,
             bind: None,
-            size: if test.is_latency() { 2 } else { 65536 },
+            size: if test.is_atomic() {
+                8
+            } else if test.is_latency() {
+                2
+            } else {
+                65536
+            },
             iters: if test.is_latency() { 1000 } else { 5000 },
             duration: None,
             qps: 1,
@@ -242,6 +298,7 @@ impl PerfConfig {
             gid_index: None,
             tclass: 0,
             sl: 0,
+            atomic: AtomicKind::FetchAndAdd,
             max_memory: DEFAULT_MAX_MEMORY,
             once: false,
             allow_data_redirect: false,
@@ -297,6 +354,11 @@ pub(super) fn validate(cfg: &PerfConfig) -> Result<(), PerfError> {
     }
     if cfg.paths == 0 || usize::from(cfg.paths) > udp::MAX_PATHS {
         return Err(PerfError::Invalid("--paths must be 1 to 64".into()));
+    }
+    if cfg.test.is_atomic() && (cfg.size != 8 || cfg.all_sizes) {
+        return Err(PerfError::Invalid(
+            "atomic tests move 8 bytes each: -s 8, and no -a".into(),
+        ));
     }
     if cfg.size == 0 && !cfg.all_sizes {
         return Err(PerfError::Invalid("-s must be at least 1".into()));

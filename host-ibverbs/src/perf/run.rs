@@ -140,6 +140,12 @@ fn buffers(ep: &Endpoint, slots: usize, size: usize, seed: u64) -> Result<Buffer
     Ok(Buffers { src, dst })
 }
 
+/// The 8 bytes at `offset` of `mr` as a u64 in the host's order (as an atomic reads and writes
+/// memory).
+fn atomic_found(mr: &Mr, offset: usize, tmp: &mut [u8; 8]) -> Option<u64> {
+    mr.read(offset, tmp).ok().map(|()| u64::from_ne_bytes(*tmp))
+}
+
 fn server_seed(seed: u64) -> u64 {
     seed.rotate_left(17) ^ 0xdead_beef
 }
@@ -449,7 +455,9 @@ pub(super) fn client_phase(
         chan.send(&Message::new("done").with("counts", counts_s))?;
         let result = next_message(ep, chan, super::PHASE_GAP)?;
         let server_ok = result.get::<u8>("verified")? == 1;
-        if cfg.test == Test::ReadBw {
+        if cfg.test.is_atomic() {
+            r.verified &= server_ok;
+        } else if cfg.test == Test::ReadBw {
             let mut tmp = vec![0u8; size];
             let sseed = server_seed(seed);
             r.verified = counts.iter().enumerate().all(|(q, &c)| {

@@ -180,6 +180,43 @@ fn all_sizes_leave_no_receive_behind() {
     }
 }
 
+/// atomic-bw and atomic-lat, fetch-and-add and compare-and-swap: every atomic of a connection
+/// finds the count of those before it (the client checks each original value) and the peer's
+/// word ends at the number of atomics (the server checks it).
+#[test]
+fn atomics_count_exactly() {
+    for test in [Test::AtomicBw, Test::AtomicLat] {
+        for kind in [AtomicKind::FetchAndAdd, AtomicKind::CmpAndSwap] {
+            let mut cfg = PerfConfig::new(test);
+            cfg.atomic = kind;
+            cfg.iters = 2000;
+            cfg.qps = if test.is_latency() { 1 } else { 3 };
+            let (reports, served) = run_pair(cfg);
+            match &reports[0] {
+                Report::Bw(b) => {
+                    assert_eq!((b.size, b.iterations), (8, 6000), "{kind:?}");
+                    assert!(b.verified, "{test:?} {kind:?}");
+                }
+                Report::Lat(l) => {
+                    assert_eq!((l.size, l.iterations), (8, 2000), "{kind:?}");
+                    assert!(l.verified, "{test:?} {kind:?}");
+                }
+            }
+            assert!(served.verified, "{test:?} {kind:?}");
+        }
+    }
+    // Atomics move 8 bytes: any other size, or every size, is refused before anything runs.
+    for change in [
+        |c: &mut PerfConfig| c.size = 16,
+        |c: &mut PerfConfig| c.all_sizes = true,
+    ] {
+        let mut cfg = PerfConfig::new(Test::AtomicBw);
+        change(&mut cfg);
+        let e = validate(&cfg).unwrap_err().to_string();
+        assert!(e.contains("8 bytes"), "{e}");
+    }
+}
+
 /// Runs a server with `server` and a client that differs from it by `change`; both must fail,
 /// and the client's error is returned.
 fn refused(server: PerfConfig, change: impl FnOnce(&mut PerfConfig)) -> String {

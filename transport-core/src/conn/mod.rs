@@ -123,6 +123,10 @@ pub struct Connection<
     retx_wake: Option<Instant>,
     paths: [TxPath; P],
     rr: usize,
+    /// The path the last atomic took: atomics keep to one path while it has room, so they
+    /// reach the responder in order (one that overtakes an earlier packet is refused
+    /// receiver-not-ready and sent again).
+    atomic_path: Option<PathId>,
     /// Messages before this one have no packets left to send for the first time.
     send_hint: u32,
     /// Something may be waiting in the control queues (ACK, probe reply, probe, NACK).
@@ -232,6 +236,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             retx_wake: None,
             paths: core::array::from_fn(path),
             rr: 0,
+            atomic_path: None,
             send_hint: 0,
             control_dirty: false,
             response_ready: false,

@@ -321,21 +321,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 return Some(PathId(last as u8));
             }
         }
-        if self.rate.limits_connection() {
-            let in_flight: u32 = self.paths[..n]
-                .iter()
-                .map(|p| p.next_seq.diff(p.una) as u32)
-                .sum();
-            if in_flight >= self.rate.connection_window() {
-                return None;
-            }
+        if !self.connection_open() {
+            return None;
         }
         let mut fallback = None;
         for k in 0..n {
             let i = (self.rr + k) % n;
-            let p = &self.paths[i];
-            let room = (p.next_seq.diff(p.una) as u32) < self.rate.window(PathId(i as u8));
-            if p.state != PathState::Active || !room {
+            if !self.path_open(i) {
                 continue;
             }
             let id = PathId(i as u8);
@@ -347,6 +339,60 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             return Some(id);
         }
         fallback
+    }
+
+    /// The path of a packet. An atomic (message `atomic`) sent while another atomic is in
+    /// flight keeps to that one's path: atomics must reach the responder in order, which packets
+    /// on one path do (one that overtook an earlier packet would be refused receiver-not-ready
+    /// and sent again later), so it waits for that path to have room rather than take another,
+    /// unless the path failed. Any other packet, and an atomic with none before it in flight,
+    /// takes the next path with room, avoiding `avoid` if it can.
+    pub(super) fn path_for(
+        &mut self,
+        atomic: Option<u32>,
+        avoid: Option<PathId>,
+    ) -> Option<PathId> {
+        let Some(msg) = atomic else {
+            return self.pick_path(avoid);
+        };
+        if let Some(p) = self.atomic_path {
+            let others = self.msgs.seqs().any(|m| {
+                m != msg
+                    && self
+                        .msgs
+                        .get(m)
+                        .is_some_and(|x| x.kind == MsgKind::Atomic && !x.done && x.next_pkt > 0)
+            });
+            if others && self.paths[p.index()].state == PathState::Active {
+                return (self.path_open(p.index()) && self.connection_open()).then_some(p);
+            }
+        }
+        let p = self.pick_path(avoid)?;
+        self.atomic_path = Some(p);
+        Some(p)
+    }
+
+    /// Whether the connection's window (for the controllers that keep one) has room.
+    pub(super) fn connection_open(&self) -> bool {
+        if !self.rate.limits_connection() {
+            return true;
+        }
+        let n = usize::from(self.cfg.paths);
+        let in_flight: u32 = self.paths[..n]
+            .iter()
+            .map(|p| p.next_seq.diff(p.una) as u32)
+            .sum();
+        in_flight < self.rate.connection_window()
+    }
+
+    /// Whether path `i` is active and has room in its window (the connection's window is
+    /// [`Self::connection_open`]'s to check).
+    pub(super) fn path_open(&self, i: usize) -> bool {
+        let Some(p) = self.paths.get(i) else {
+            return false;
+        };
+        p.state == PathState::Active
+            && (p.next_seq.diff(p.una) as u32) < self.rate.window(PathId(i as u8))
     }
 
     /// Whether nothing is in flight, or nothing would be once the carried ACK not yet taken is
@@ -387,8 +433,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 self.retx_wake = Some(self.retx_wake.map_or(not_before, |w| w.min(not_before)));
                 return None;
             }
-            let avoid = Some(self.pkts[psn.get() as usize % W].path);
-            let path = self.pick_path(avoid)?;
+            let pk = self.pkts[psn.get() as usize % W];
+            let atomic = self
+                .msgs
+                .get(pk.msg)
+                .is_some_and(|m| m.kind == MsgKind::Atomic);
+            let path = self.path_for(atomic.then_some(pk.msg), Some(pk.path))?;
             self.retx.pop();
             self.pkts[psn.get() as usize % W].queued = false;
             if self.pkts[psn.get() as usize % W].path == NO_PATH {
@@ -424,7 +474,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             m = m.wrapping_add(1);
         };
         self.send_hint = found;
-        let path = self.pick_path(None)?;
+        let atomic = self
+            .msgs
+            .get(found)
+            .is_some_and(|m| m.kind == MsgKind::Atomic);
+        let path = self.path_for(atomic.then_some(found), None)?;
         let psn = self.nxt;
         self.nxt = self.nxt.wrapping_add(1);
         let msg = self.msgs.get_mut(found)?;

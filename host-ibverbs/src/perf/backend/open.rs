@@ -124,6 +124,11 @@ pub(super) fn open_verbs(cfg: &PerfConfig) -> Result<Endpoint, PerfError> {
             da.phys_port_cnt
         )));
     }
+    if cfg.test.is_atomic() && !da.has_atomics() {
+        return Err(PerfError::Invalid(format!(
+            "{dev} does not do remote atomics (its atomic_cap is IBV_ATOMIC_NONE)"
+        )));
+    }
     let pa = ctx.query_port(port)?;
     if pa.link_layer != verbs::LINK_LAYER_ETHERNET {
         return Err(PerfError::Invalid(format!(

@@ -22,7 +22,15 @@ pub(super) fn client_bw(
     let streams = ep.streams() as u64;
     let mut posted = vec![0u64; q];
     let mut done = vec![0u64; q];
-    let depth = u64::from(cfg.tx_depth);
+    // An atomic's original value lands in its own 8 bytes of `bufs.dst`, one slot per operation
+    // in flight: no more in flight than slots.
+    let depth = if cfg.test.is_atomic() {
+        u64::from(cfg.tx_depth).min(slots as u64)
+    } else {
+        u64::from(cfg.tx_depth)
+    };
+    let mut atomics_ok = true;
+    let mut got = [0u8; 8];
     let start = Instant::now();
     let mut last_completion = start;
     let mut last_print = start;
@@ -45,6 +53,8 @@ pub(super) fn client_bw(
                 let (op, local, remote) = match cfg.test {
                     Test::WriteBw => (WrOp::Write, &bufs.src[i], peer_dst[i].at(slot * size)),
                     Test::ReadBw => (WrOp::Read, &bufs.dst[i], peer_src[i].at(slot * size)),
+                    // Every atomic of a connection on the first word of the peer's buffer.
+                    Test::AtomicBw => (cfg.atomic.op(n), &bufs.dst[i], peer_dst[i].at(0)),
                     _ => (WrOp::Send, &bufs.src[i], RemoteAddr::default()),
                 };
                 let stream = (n % streams) as u16;
@@ -64,7 +74,16 @@ pub(super) fn client_bw(
             }
             for wc in &wcs {
                 check(wc)?;
-                done[qp_of(wc.wr_id)] += 1;
+                let i = qp_of(wc.wr_id);
+                if cfg.test.is_atomic() {
+                    // A connection's atomics run in the order they were posted (completions come
+                    // in order per stream only): the n-th found n.
+                    let n = wc.wr_id & 0xffff_ffff_ffff;
+                    atomics_ok &= wc.kind == CompletionKind::Atomic
+                        && atomic_found(&bufs.dst[i], (n % slots as u64) as usize * 8, &mut got)
+                            == Some(n);
+                }
+                done[i] += 1;
                 buckets[b] += size as u64;
             }
         } else if now - last_completion > STALL && posted != done {
@@ -123,7 +142,8 @@ pub(super) fn client_bw(
             bw_peak_gbps: peak.max(avg) * 8.0 / 1e9,
             bw_avg_gbps: avg * 8.0 / 1e9,
             msg_rate_mpps: iterations as f64 / secs / 1e6,
-            verified: false,
+            // For atomics, what this end saw; the caller adds the peer's word.
+            verified: cfg.test.is_atomic() && atomics_ok,
             retransmits: 0,
             rnr_retries: 0,
             ecn_marks_echoed: 0,

@@ -47,6 +47,7 @@ pub(super) fn client_lat(
                 peer_dst[0].at(slot * size),
             ),
             Test::SendLat => (WrOp::Send, &bufs.src[0], RemoteAddr::default()),
+            Test::AtomicLat => (cfg.atomic.op(i), &bufs.dst[0], peer_dst[0].at(0)),
             _ => (WrOp::Read, &bufs.dst[0], peer_src[0].at(slot * size)),
         };
         // Sends complete when acknowledged; keep the queue from filling with them.
@@ -85,6 +86,12 @@ pub(super) fn client_lat(
                         if budget.take() {
                             ep.post_recv(0, b as u64, 0, &rbuf, b * size, size)?;
                         }
+                    }
+                    CompletionKind::Atomic => {
+                        hit = Some(t0.elapsed());
+                        // The i-th atomic on the word found i.
+                        let mut got = [0u8; 8];
+                        verified &= atomic_found(&bufs.dst[0], slot * size, &mut got) == Some(i);
                     }
                     CompletionKind::Read => {
                         hit = Some(t0.elapsed());

@@ -209,6 +209,15 @@ pub(in crate::perf) fn server_phase(
                 {
                     ok = false;
                 }
+                if cfg.test.is_atomic() {
+                    // Each connection's word was incremented once per atomic (atomic-lat runs
+                    // on the first connection only).
+                    let mut got = [0u8; 8];
+                    for (i, &c) in counts.iter().enumerate().take(q) {
+                        ok &= atomic_found(&bufs.dst[i], 0, &mut got) == Some(c);
+                        checked += 8;
+                    }
+                }
                 if cfg.test == Test::WriteBw {
                     for (i, &c) in counts.iter().enumerate().take(q) {
                         for s in 0..slots.min(c as usize) {
