@@ -606,31 +606,37 @@ mod tests {
         assert!(!wc(op::IBV_WC_SEND, sys::ibv_wc_status::IBV_WC_REM_ACCESS_ERR).is_success());
     }
 
-    /// A region a queue pair posted on is held once, however many requests, and lives while the
-    /// queue pair holds it although the caller dropped its handle: a posted receive never
-    /// outlives its memory.
+    /// Each outstanding request holds its region, though the caller dropped its handle, until
+    /// its completion is polled or the queue pair is destroyed: a posted receive never outlives
+    /// its memory, and a finished phase's regions do not stay pinned.
     #[test]
-    fn posted_regions_are_held_until_the_queue_pair_goes() {
+    fn outstanding_requests_hold_their_regions() {
         struct Region(std::rc::Rc<std::cell::Cell<bool>>);
         impl Drop for Region {
             fn drop(&mut self) {
                 self.0.set(true);
             }
         }
-        let freed = std::rc::Rc::new(std::cell::Cell::new(false));
-        let caller = Rc::new(Region(freed.clone()));
-        let qp_holds: Holds<Region> = Holds::default();
-        for _ in 0..1000 {
-            qp_holds.hold(&caller);
-        }
-        assert_eq!(qp_holds.len(), 1);
-        let other = Rc::new(Region(std::rc::Rc::new(std::cell::Cell::new(false))));
-        qp_holds.hold(&other);
-        assert_eq!(qp_holds.len(), 2);
-        drop(caller); // the phase ends, its handle goes
-        assert!(!freed.get(), "deregistered under a posted receive");
-        drop(qp_holds); // the queue pair is destroyed
-        assert!(freed.get());
+        let flag = || std::rc::Rc::new(std::cell::Cell::new(false));
+        let (freed_a, freed_b) = (flag(), flag());
+        let a = Rc::new(Region(freed_a.clone()));
+        let b = Rc::new(Region(freed_b.clone()));
+        let qp: Holds<Region> = Holds::default();
+        qp.hold(1, &a);
+        qp.hold(2, &a);
+        qp.hold(3, &b);
+        qp.hold(3, &b); // a wr_id posted again before its completion
+        drop((a, b)); // the phase ends; its handles go
+        assert_eq!(qp.len(), 4);
+        qp.release(1);
+        assert!(!freed_a.get(), "deregistered under a posted request");
+        qp.release(2);
+        assert!(freed_a.get(), "released with its last request");
+        qp.release(3);
+        qp.release(99); // a completion of no held request
+        assert!(!freed_b.get());
+        drop(qp); // the queue pair is destroyed with a request still posted
+        assert!(freed_b.get());
     }
 
     #[test]

@@ -373,6 +373,9 @@ impl Endpoint {
                     }
                 }
                 for wc in wcs.iter() {
+                    if let Some(q) = v.qps.iter().find(|q| q.qpn() == wc.qp_num) {
+                        q.completed(wc.wr_id);
+                    }
                     if !wc.is_success() {
                         return Err(PerfError::Completion(format!(
                             "work request {:#x} on QP {:#x}: {} (status {}, vendor syndrome \

@@ -58,38 +58,51 @@ pub struct SendWr<'a> {
     pub remote: crate::udp::RemoteAddr,
 }
 
-/// The registrations a queue pair has posted requests on, each held (one reference a region)
-/// until the queue pair is destroyed: a posted receive or send can never outlive its memory.
-/// Dropping the [`MemoryRegion`] a request was posted on only drops the caller's handle; the
-/// region is deregistered and freed after the queue pair, when no request on it can run.
-pub(crate) struct Holds<T>(std::cell::RefCell<Vec<Rc<T>>>);
+/// The registrations of a queue pair's outstanding requests: each posted request holds (one
+/// reference to) the region it was posted on until its completion is polled, and the queue
+/// pair's destruction releases what is left. So a posted receive or send can never outlive its
+/// memory: dropping the [`MemoryRegion`] a request is outstanding on only drops the caller's
+/// handle, and the region is deregistered and freed once no request on it can run.
+pub(crate) struct Holds<T>(std::cell::RefCell<std::collections::HashMap<u64, Vec<Rc<T>>>>);
 
 impl<T> Default for Holds<T> {
     fn default() -> Self {
-        Holds(std::cell::RefCell::new(Vec::new()))
+        Holds(std::cell::RefCell::new(std::collections::HashMap::new()))
     }
 }
 
 impl<T> Holds<T> {
-    /// Holds `r` (once, however many requests are posted on it).
-    pub(crate) fn hold(&self, r: &Rc<T>) {
-        let mut v = self.0.borrow_mut();
-        if !v.iter().rev().any(|h| Rc::ptr_eq(h, r)) {
-            v.push(r.clone());
+    /// Request `wr_id` was posted on `r`.
+    pub(crate) fn hold(&self, wr_id: u64, r: &Rc<T>) {
+        self.0
+            .borrow_mut()
+            .entry(wr_id)
+            .or_default()
+            .push(r.clone());
+    }
+
+    /// Request `wr_id` completed (successfully or not): its region is no longer its to hold.
+    pub(crate) fn release(&self, wr_id: u64) {
+        let mut m = self.0.borrow_mut();
+        if let Some(v) = m.get_mut(&wr_id) {
+            v.pop();
+            if v.is_empty() {
+                m.remove(&wr_id);
+            }
         }
     }
 
-    /// How many registrations are held.
+    /// Requests outstanding.
     pub(crate) fn len(&self) -> usize {
-        self.0.borrow().len()
+        self.0.borrow().values().map(Vec::len).sum()
     }
 }
 
 /// An RC queue pair.
 pub struct QueuePair {
     pub(super) qp: NonNull<sys::ibv_qp>,
-    /// The regions of posted requests; dropped after the queue pair is destroyed (`Drop` runs
-    /// before the fields are dropped).
+    /// The regions of outstanding requests; what is left is dropped after the queue pair is
+    /// destroyed (`Drop` runs before the fields are dropped).
     pub(super) held: Holds<MrInner>,
     pub(super) _pd: Rc<PdInner>,
     pub(super) _cq: Rc<CqInner>,
@@ -103,7 +116,7 @@ impl Drop for QueuePair {
         if rc != 0 {
             // Its requests may still run: keep their regions registered and allocated.
             eprintln!(
-                "metaroce: {}; its {} regions stay registered",
+                "metaroce: {}; the regions of its {} outstanding requests stay registered",
                 rc_err("ibv_destroy_qp", rc),
                 self.held.len()
             );
@@ -113,6 +126,12 @@ impl Drop for QueuePair {
 }
 
 impl QueuePair {
+    /// A completion of this queue pair was polled: the region of request `wr_id` is released
+    /// (the caller reports every completion of the queue pair, errors and flushes included).
+    pub fn completed(&self, wr_id: u64) {
+        self.held.release(wr_id);
+    }
+
     /// Its number.
     pub fn qpn(&self) -> u32 {
         // SAFETY: the QP is live.
@@ -297,7 +316,7 @@ impl QueuePair {
         if rc != 0 {
             return Err(rc_err("ibv_post_send", rc));
         }
-        self.held.hold(&mr.inner);
+        self.held.hold(wr.wr_id, &mr.inner);
         Ok(())
     }
 
@@ -334,7 +353,7 @@ impl QueuePair {
         if rc != 0 {
             return Err(rc_err("ibv_post_recv", rc));
         }
-        self.held.hold(&mr.inner);
+        self.held.hold(wr_id, &mr.inner);
         Ok(())
     }
 }
