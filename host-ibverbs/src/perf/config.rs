@@ -360,6 +360,15 @@ pub(super) fn validate(cfg: &PerfConfig) -> Result<(), PerfError> {
             "atomic tests move 8 bytes each: -s 8, and no -a".into(),
         ));
     }
+    if cfg.test == Test::SendBw && cfg.all_sizes && cfg.duration.is_some() {
+        // A timed phase cannot know how many receives its Sends take; those left posted would
+        // take the next, larger size's first Sends (too short, in the old phase's memory).
+        return Err(PerfError::Invalid(
+            "send-bw cannot combine -a with -D: a timed phase leaves receives posted for the \
+             next size (use -n)"
+                .into(),
+        ));
+    }
     if cfg.size == 0 && !cfg.all_sizes {
         return Err(PerfError::Invalid("-s must be at least 1".into()));
     }

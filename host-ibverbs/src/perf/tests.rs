@@ -178,6 +178,12 @@ fn all_sizes_leave_no_receive_behind() {
         assert!(reports.iter().all(Report::verified), "{test:?}");
         assert!(served.verified, "{test:?}");
     }
+    // A timed run cannot know its receives: send-bw refuses -a with -D.
+    let mut cfg = PerfConfig::new(Test::SendBw);
+    cfg.all_sizes = true;
+    cfg.duration = Some(Duration::from_secs(1));
+    let e = validate(&cfg).unwrap_err().to_string();
+    assert!(e.contains("-a with -D"), "{e}");
 }
 
 /// atomic-bw and atomic-lat, fetch-and-add and compare-and-swap: every atomic of a connection
