@@ -107,12 +107,13 @@ pub struct PerfArgs {
     /// the port's best RoCE v2 GID, IPv4 before IPv6, as perftest chooses it.
     #[arg(short = 'x', long = "gid-index")]
     pub gid_index: Option<u8>,
-    /// Verbs: the traffic class of the connections, the IP header's DSCP and ECN byte on RoCE v2
-    /// (a fabric's lossless or ECN-marked class is usually chosen by DSCP: 106 is DSCP 26 with
-    /// ECT(0)).
+    /// The traffic class: on RoCE v2 the IP header's DSCP and ECN byte (a fabric's lossless or
+    /// ECN-marked class is usually chosen by DSCP: 106 is DSCP 26 with ECT(0)); on the UDP
+    /// transport its DSCP, with ECT(0) always.
     #[arg(long, default_value_t = 0)]
     pub tclass: u8,
-    /// Verbs: the service level, 0 to 15 (the VLAN priority on RoCE).
+    /// The service level: verbs 0 to 15 (the VLAN priority on RoCE); the UDP transport 0 to 6,
+    /// the sockets' priority (SO_PRIORITY).
     #[arg(short = 'S', long = "sl", default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..16))]
     pub sl: u8,
     /// UDP port to receive data on.

@@ -23,6 +23,8 @@ fn opts(gro: bool) -> SocketOptions {
         sndbuf: 8 << 20,
         gro,
         busy_poll_us: 0,
+        dscp: 0,
+        priority: 0,
     }
 }
 

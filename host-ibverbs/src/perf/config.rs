@@ -237,9 +237,11 @@ pub struct PerfConfig {
     /// Verbs: the GID index of the local address; `None` takes the best RoCE v2 one of the
     /// port (`gids::best_gid`), as perftest does.
     pub gid_index: Option<u8>,
-    /// Verbs: the traffic class of the connections (the IP DSCP and ECN byte on RoCE v2).
+    /// The traffic class of the connections: on RoCE v2 the GRH's, the IP header's DSCP and ECN
+    /// byte; on the UDP transport its DSCP (ECN stays ECT(0)).
     pub tclass: u8,
-    /// Verbs: the service level (the VLAN PCP on RoCE), 0 to 15.
+    /// Verbs: the service level (the VLAN PCP on RoCE), 0 to 15; the UDP transport: the
+    /// sockets' priority, 0 to 6.
     pub sl: u8,
     /// Atomic tests: the operation.
     pub atomic: AtomicKind,
@@ -358,6 +360,12 @@ pub(super) fn validate(cfg: &PerfConfig) -> Result<(), PerfError> {
     if cfg.test.is_atomic() && (cfg.size != 8 || cfg.all_sizes) {
         return Err(PerfError::Invalid(
             "atomic tests move 8 bytes each: -s 8, and no -a".into(),
+        ));
+    }
+    if cfg.transport == Transport::Udp && cfg.sl > 6 {
+        return Err(PerfError::Invalid(
+            "-S on the UDP transport is the socket priority, 0 to 6 (higher needs CAP_NET_ADMIN)"
+                .into(),
         ));
     }
     if cfg.test == Test::SendBw && cfg.all_sizes && cfg.duration.is_some() {

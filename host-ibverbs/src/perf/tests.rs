@@ -186,6 +186,21 @@ fn all_sizes_leave_no_receive_behind() {
     assert!(e.contains("-a with -D"), "{e}");
 }
 
+/// --tclass and -S on the UDP transport: a run with DSCP 26 and priority 3 moves verified
+/// bytes; a priority above 6 (CAP_NET_ADMIN's) is refused before anything opens.
+#[test]
+fn a_traffic_class_and_priority_run() {
+    let mut cfg = PerfConfig::new(Test::WriteBw);
+    cfg.tclass = 26 << 2;
+    cfg.sl = 3;
+    cfg.iters = 200;
+    let (reports, served) = run_pair(cfg.clone());
+    assert!(reports[0].verified() && served.verified);
+    cfg.sl = 7;
+    let e = validate(&cfg).unwrap_err().to_string();
+    assert!(e.contains("0 to 6"), "{e}");
+}
+
 /// atomic-bw and atomic-lat, fetch-and-add and compare-and-swap: every atomic of a connection
 /// finds the count of those before it (the client checks each original value) and the peer's
 /// word ends at the number of atomics (the server checks it).

@@ -69,6 +69,12 @@ pub struct DeviceConfig {
     /// This end's inbound capacity, Mb/s: when set, every ACK carries each sender's max-min
     /// share of it (the receiver's rate hint); 0, no hint.
     pub line_rate_mbps: u32,
+    /// The traffic class of what is sent: its DSCP (upper six bits) goes in the IP header, with
+    /// ECT(0) always in the ECN bits (as perftest's `--tclass` on a RoCE NIC).
+    pub traffic_class: u8,
+    /// The sockets' priority (`SO_PRIORITY`, 0 to 6; on a VLAN the PCP the interface maps it
+    /// to): the UDP transport's counterpart of a RoCE service level (`-S`).
+    pub priority: u8,
 }
 
 impl DeviceConfig {
@@ -85,6 +91,8 @@ impl DeviceConfig {
             socket_buffer: 8 << 20,
             pcap: None,
             line_rate_mbps: 0,
+            traffic_class: 0,
+            priority: 0,
         }
     }
 }
@@ -215,6 +223,8 @@ impl Context {
             sndbuf: cfg.socket_buffer,
             gro: cfg.gro,
             busy_poll_us: if cfg.busy_poll { 50 } else { 0 },
+            dscp: cfg.traffic_class >> 2,
+            priority: cfg.priority,
         };
         let addr = SocketAddr::new(cfg.local_ip, cfg.port);
         let rx = UdpSocket::bind(addr, &opts)

@@ -39,6 +39,19 @@ pub struct SocketOptions {
     pub gro: bool,
     /// Microseconds of busy polling in the kernel on blocking receives (0: off).
     pub busy_poll_us: u32,
+    /// The DSCP of what is sent (the traffic class's upper six bits; the ECN bits are always
+    /// ECT(0)).
+    pub dscp: u8,
+    /// The socket priority (`SO_PRIORITY`: the egress queue and, on a VLAN, the PCP the
+    /// interface's egress map gives it); 0 leaves the default.
+    pub priority: u8,
+}
+
+impl SocketOptions {
+    /// The TOS byte (IPv4) or traffic class (IPv6) of what is sent: the DSCP and ECT(0).
+    pub fn tos(&self) -> i32 {
+        i32::from(self.dscp & 0x3f) << 2 | i32::from(ECT0)
+    }
 }
 
 /// Buffers and headers for `recvmmsg`, set up once and reused: each receive call only resets
@@ -139,6 +152,8 @@ pub struct RecvMeta {
     pub src: Option<SocketAddr>,
     /// The IP header's ECN bits.
     pub ecn: u8,
+    /// The IP header's DSCP.
+    pub dscp: u8,
     /// With GRO: the size of each coalesced datagram (the last may be shorter); 0 otherwise.
     pub segment: usize,
     /// When the kernel received it (`SO_TIMESTAMPNS`, CLOCK_REALTIME, ns); 0 when unknown.
@@ -281,7 +296,7 @@ impl UdpSocket {
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         if v6 {
             set_opt(raw, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
-            set_opt(raw, libc::IPPROTO_IPV6, IPV6_TCLASS, i32::from(ECT0))?;
+            set_opt(raw, libc::IPPROTO_IPV6, IPV6_TCLASS, opts.tos())?;
             set_opt(raw, libc::IPPROTO_IPV6, IPV6_RECVTCLASS, 1)?;
             // Never fragment: a datagram too large for the path fails to send instead.
             set_opt(
@@ -291,7 +306,7 @@ impl UdpSocket {
                 libc::IPV6_PMTUDISC_DO,
             )?;
         } else {
-            set_opt(raw, libc::IPPROTO_IP, libc::IP_TOS, i32::from(ECT0))?;
+            set_opt(raw, libc::IPPROTO_IP, libc::IP_TOS, opts.tos())?;
             set_opt(raw, libc::IPPROTO_IP, IP_RECVTOS, 1)?;
             set_opt(
                 raw,
@@ -317,6 +332,15 @@ impl UdpSocket {
                 libc::SO_BUSY_POLL,
                 opts.busy_poll_us as i32,
             );
+        }
+        if opts.priority > 0 {
+            // Priorities 0-6 need no privilege; the caller keeps to them.
+            set_opt(
+                raw,
+                libc::SOL_SOCKET,
+                libc::SO_PRIORITY,
+                i32::from(opts.priority),
+            )?;
         }
         let gro = opts.gro && set_opt(raw, SOL_UDP, UDP_GRO, 1).is_ok();
         // The kernel's arrival time of each datagram (best effort): the time a datagram waited
@@ -530,6 +554,7 @@ impl UdpSocket {
                 len: batch.hdrs[i].msg_len as usize,
                 src: from_raw(&batch.names[i]),
                 ecn: 0,
+                dscp: 0,
                 segment: 0,
                 arrived_realtime: 0,
             };
@@ -550,6 +575,7 @@ impl UdpSocket {
                             data.cast::<i32>().read_unaligned()
                         };
                         m.ecn = (v & 0b11) as u8;
+                        m.dscp = ((v >> 2) & 0x3f) as u8;
                     } else if level == SOL_UDP && kind == UDP_GRO {
                         m.segment = data.cast::<i32>().read_unaligned().max(0) as usize;
                     } else if level == libc::SOL_SOCKET && kind == SO_TIMESTAMPNS_OLD {
@@ -601,6 +627,8 @@ mod tests {
             sndbuf: 1 << 20,
             gro: true,
             busy_poll_us: 0,
+            dscp: 0,
+            priority: 0,
         }
     }
 
@@ -631,6 +659,44 @@ mod tests {
         assert_eq!(got[0].0, b"hello");
         assert_eq!(got[0].1.ecn, ECT0, "the receiver sees ECT(0)");
         assert_eq!(got[0].1.src, Some(a.local_addr()));
+    }
+
+    /// `--tclass` and `-S` on the UDP transport: the DSCP goes in the IP header beside ECT(0),
+    /// on IPv4 and IPv6, and the socket takes the priority.
+    #[test]
+    fn the_traffic_class_and_priority_are_set() {
+        let marked = SocketOptions {
+            dscp: 26,
+            priority: 3,
+            ..opts()
+        };
+        for (a_addr, b_addr) in [("127.0.0.1:0", "127.0.0.1:0"), ("[::1]:0", "[::1]:0")] {
+            let Ok(a) = UdpSocket::bind(a_addr.parse().unwrap(), &marked) else {
+                continue; // no IPv6 on this host
+            };
+            let b = UdpSocket::bind(b_addr.parse().unwrap(), &opts()).unwrap();
+            a.send(&b.local_addr(), b"af31", 0).unwrap();
+            let got = recv_all(&b);
+            assert_eq!(got.len(), 1);
+            assert_eq!((got[0].1.dscp, got[0].1.ecn), (26, ECT0), "{a_addr}");
+            let mut prio: libc::c_int = 0;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: `prio` and `len` are live out-parameters of the sizes given.
+            let rc = unsafe {
+                libc::getsockopt(
+                    a.fd.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_PRIORITY,
+                    (&mut prio as *mut libc::c_int).cast(),
+                    &mut len,
+                )
+            };
+            assert_eq!((rc, prio), (0, 3));
+            // Unmarked, the DSCP is 0 (best effort).
+            let c = UdpSocket::bind(a_addr.parse().unwrap(), &opts()).unwrap();
+            c.send(&b.local_addr(), b"be", 0).unwrap();
+            assert_eq!(recv_all(&b)[0].1.dscp, 0);
+        }
     }
 
     #[test]

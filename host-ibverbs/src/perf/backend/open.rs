@@ -48,6 +48,8 @@ pub(super) fn open_udp(
     dc.batch = cfg.batch;
     dc.pcap = cfg.pcap.clone();
     dc.line_rate_mbps = cfg.line_rate_mbps;
+    dc.traffic_class = cfg.tclass;
+    dc.priority = cfg.sl;
     let ctx = match udp::Context::open(&dc) {
         Ok(c) => c,
         Err(e)
