@@ -339,12 +339,14 @@ fn every_test_over_a_real_rdma_device() {
         Test::WriteLat,
         Test::SendLat,
         Test::ReadLat,
+        Test::AtomicBw,
+        Test::AtomicLat,
     ] {
         let mut cfg = PerfConfig::new(test);
         cfg.transport = Transport::Verbs;
         cfg.device = Some(dev.clone());
         cfg.gid_index = gid;
-        cfg.size = 4096;
+        cfg.size = if test.is_atomic() { 8 } else { 4096 };
         cfg.iters = 500;
         cfg.qps = if test.is_latency() { 1 } else { 2 };
         let (reports, served) = run_pair(cfg.clone());
