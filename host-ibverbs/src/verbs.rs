@@ -418,7 +418,7 @@ impl Drop for MrInner {
             // The NIC may still write into the memory: leave it allocated (a leak, not a
             // use after free) and say so.
             eprintln!(
-                "metaroce: ibv_dereg_mr: {}; its {} bytes stay allocated",
+                "metaroce: {}; its {} bytes stay allocated",
                 rc_err("ibv_dereg_mr", rc),
                 self.layout.size()
             );
