@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{assert_success, pair, server_counter, server_device_counter};
+use common::{assert_success, pair, server_counter, server_device_counter, ScratchDir};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -264,6 +264,70 @@ fn ping_pongs_under_real_loss_verify_every_answer() {
             "{test}: nothing was lost"
         );
     }
+}
+
+/// RoCEv2 mode across real kernels: with `--cc dcqcn`, CE marks that nftables sets bring CNPs
+/// (BTH opcode 0x81) from the receiver, at most one per interval per connection, and the sender
+/// counts them; tshark reads them in the sender's capture as RoCE CNPs.
+#[test]
+#[ignore = "needs root for network namespaces; scripts/test.sh runs it"]
+fn ce_marks_bring_cnps_across_the_wire_under_dcqcn() {
+    let _one_at_a_time = serial();
+    let h = Hosts::new();
+    h.nft(
+        &h.b,
+        "table inet mrecn {\n chain pre {\n type filter hook prerouting priority -150;\n \
+         udp dport 4791 numgen random mod 100 < 10 ip ecn set ce\n }\n}\n",
+    );
+    let dir = ScratchDir::new("cnp");
+    let pcap = dir.0.join("cnp.pcap");
+    let p = h.run(
+        "write-bw",
+        &[
+            "-s",
+            "1048576",
+            "-n",
+            "16",
+            "-q",
+            "2",
+            "--cc",
+            "dcqcn",
+            "--pcap",
+            pcap.to_str().unwrap(),
+        ],
+    );
+    assert_success(&p);
+    let sent = server_counter(&p, "cnps_sent");
+    let got = p.client_json()[0]["cnps_received"].as_u64().unwrap();
+    assert!(
+        sent > 0,
+        "no CNP sent for {} marks",
+        server_counter(&p, "ecn_ce_received")
+    );
+    assert!(
+        got > 0 && got <= sent,
+        "{got} of {sent} CNPs counted by the sender"
+    );
+    let out = std::process::Command::new("tshark")
+        .args([
+            "-r",
+            pcap.to_str().unwrap(),
+            "-Y",
+            "infiniband.bth.opcode == 0x81",
+        ])
+        .args(["-T", "fields", "-e", "infiniband.bth.opcode"])
+        .output()
+        .expect("tshark");
+    let lines = String::from_utf8_lossy(&out.stdout).lines().count() as u64;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        lines, got,
+        "tshark reads each CNP the sender counted as one"
+    );
 }
 
 #[test]

@@ -16,7 +16,7 @@ use transport_core::conn::{
     Access, Applied, Config, Connection, Delivery, Event, FlatMemory, Region, RemoteAddr, Status,
     WorkRequest, WrOp,
 };
-use transport_core::rate::{Algorithm, CnpGate, FairShare};
+use transport_core::rate::{Algorithm, FairShare};
 use transport_core::time::Instant;
 use transport_core::wire::{Psn, Qpn};
 
@@ -126,13 +126,11 @@ pub struct IncastReport {
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
 enum Hop {
     /// A data packet reaches the switch from sender `i`.
-    ToSwitch,
+    Switch,
     /// A data packet leaves the switch and reaches the receiver's connection `i`.
-    ToReceiver { marked: bool },
-    /// A receiver's packet (ACK) reaches sender `i`.
-    ToSender,
-    /// A CNP reaches sender `i`.
-    Cnp,
+    Receiver { marked: bool },
+    /// A receiver's packet (an ACK, a CNP) reaches sender `i`.
+    Sender,
 }
 
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
@@ -206,7 +204,15 @@ fn end_config(cfg: &IncastConfig, i: usize, sender: bool) -> Config {
     c.initial_psn = Psn::new(0);
     c.peer_initial_psn = Psn::new(0);
     c.window_per_path = cfg.window_per_path;
-    c.cc = cfg.cc;
+    c.cc = match cfg.cc {
+        // The receiver is DCQCN's notification point: its CNPs (on the wire, from the core) come
+        // at most once per the incast's CNP interval per connection.
+        Algorithm::Dcqcn(mut p) if !sender => {
+            p.cnp_interval_ns = cfg.cnp_interval_ns;
+            Algorithm::Dcqcn(p)
+        }
+        cc => cc,
+    };
     // The timers keep the core's defaults for a fabric (100 and 320 us): an incast's queue holds
     // packets for hundreds of microseconds before the first RTT sample arrives.
     c
@@ -281,7 +287,6 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
             }
         })
         .collect();
-    let mut gates = vec![CnpGate::default(); n];
     let mut fair: FairShare<MAX_SENDERS> = FairShare::new(line_mbps, 1_000_000);
     let base_rtt = 2 * cfg.delay_ns + ((4096 + 52 + FRAMING) as f64 * ns_per_byte) as u64;
     let mut report = IncastReport {
@@ -327,10 +332,10 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
                 let hop = if transport_core::wire::Opcode::from_u8(bytes[0]).is_metaroce()
                     && bytes[0] < 0xe0
                 {
-                    Hop::ToSwitch
+                    Hop::Switch
                 } else {
                     // A sender's control packet (probe) goes straight to the receiver.
-                    Hop::ToReceiver { marked: false }
+                    Hop::Receiver { marked: false }
                 };
                 let at = at + cfg.delay_ns / 2;
                 push(
@@ -355,7 +360,7 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
                     InFlight {
                         at: at + cfg.delay_ns,
                         seq: 0,
-                        hop: Hop::ToSender,
+                        hop: Hop::Sender,
                         i,
                         src_port: port,
                         bytes,
@@ -385,7 +390,7 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
         while heap.peek().is_some_and(|Reverse(x)| x.at <= now) {
             let Reverse(x) = heap.pop().expect("peeked");
             match x.hop {
-                Hop::ToSwitch => {
+                Hop::Switch => {
                     // The egress queue: its backlog is the time the port is busy for.
                     let q = (egress_free.since(now) as f64 * bytes_per_ns) as u64;
                     let len = (x.bytes.len() + FRAMING) as u64;
@@ -411,12 +416,12 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
                         &mut seq,
                         InFlight {
                             at,
-                            hop: Hop::ToReceiver { marked },
+                            hop: Hop::Receiver { marked },
                             ..x
                         },
                     );
                 }
-                Hop::ToReceiver { marked } => {
+                Hop::Receiver { marked } => {
                     let r = &mut receivers[x.i];
                     let d = r.conn.handle_datagram(now, x.src_port, marked, &x.bytes);
                     if let Ok(delivery) = d {
@@ -439,28 +444,11 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
                         assert_ne!(applied, Applied::OutOfMemory);
                     }
                     r.wake = Some(now);
-                    if marked && gates[x.i].on_marked(now, cfg.cnp_interval_ns) {
-                        report.cnps += 1;
-                        push(
-                            &mut heap,
-                            &mut seq,
-                            InFlight {
-                                at: now + cfg.delay_ns,
-                                hop: Hop::Cnp,
-                                bytes: Vec::new(),
-                                ..x
-                            },
-                        );
-                    }
                 }
-                Hop::ToSender => {
+                Hop::Sender => {
                     let s = &mut senders[x.i];
                     let _ = s.conn.handle_datagram(now, x.src_port, false, &x.bytes);
                     s.wake = Some(now);
-                }
-                Hop::Cnp => {
-                    senders[x.i].conn.handle_cnp(now);
-                    senders[x.i].wake = Some(now);
                 }
             }
         }
@@ -486,6 +474,7 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
     report.jain_index = jain(&report.per_sender_goodput);
     report.link_utilisation = (cfg.bytes * n as u64) as f64 / (end as f64 * bytes_per_ns);
     report.virtual_time_us = end as f64 / 1000.0;
+    report.cnps = receivers.iter().map(|r| r.conn.counters().cnps_sent).sum();
     report.retransmissions = senders
         .iter()
         .map(|s| s.conn.counters().retransmitted)

@@ -224,6 +224,59 @@ fn a_cnp_cuts_a_dcqcn_senders_rate() {
     assert_eq!(p.a.conn.counters().cwnd_cuts, 1);
 }
 
+/// RoCEv2 mode: a DCQCN receiver answers CE-marked data with CNPs (BTH opcode 0x81), at most
+/// one per its interval, and the sender's rate falls on them; under ECN AIMD no CNP is sent.
+#[test]
+fn ce_marks_bring_cnps_on_the_wire_under_dcqcn() {
+    let params = transport_core::rate::DcqcnParams::vendor(100_000);
+    let mut p = pair_with(transport_core::rate::Algorithm::Dcqcn(params));
+    p.ce_ports = (0..4u8)
+        .map(|i| p.a.conn.path_stats(PathId(i)).unwrap().src_port)
+        .collect();
+    let start = p.now;
+    // Watch the wire for the CNPs themselves.
+    let mut cnps_seen = 0;
+    p.a.conn
+        .post(p.now, common::write_at(1, 0, LEN, KEY))
+        .unwrap();
+    for _ in 0..20_000 {
+        p.transmit();
+        cnps_seen += p
+            .wire
+            .iter()
+            .filter(|(to_b, _, d)| !to_b && d[0] == 0x81 && d.len() == 12 + 16 + 4)
+            .count();
+        p.deliver_and_tick(&mut |_, _| false);
+        if p.a.events.iter().any(|e| matches!(e, Event::Completion(_))) {
+            break;
+        }
+    }
+    let (sent, got) = (
+        p.b.conn.counters().cnps_sent,
+        p.a.conn.counters().cnps_received,
+    );
+    assert!(
+        sent > 0 && sent == got && got == cnps_seen as u64,
+        "{sent} {got} {cnps_seen}"
+    );
+    // One per 4 us interval at most over the transfer.
+    let elapsed = p.now.since(start);
+    assert!(
+        sent <= elapsed / params.cnp_interval_ns + 1,
+        "{sent} in {elapsed} ns"
+    );
+    assert!(p.a.conn.rate_status().rate_mbps < 100_000);
+    assert!(p.a.conn.counters().cwnd_cuts > 0);
+    // ECN AIMD echoes marks in ACKs and sends no CNP.
+    let mut q = pair_with(transport_core::rate::Algorithm::EcnAimd);
+    q.ce_ports = (0..4u8)
+        .map(|i| q.a.conn.path_stats(PathId(i)).unwrap().src_port)
+        .collect();
+    transfer(&mut q, 1);
+    assert_eq!(q.b.conn.counters().cnps_sent, 0);
+    assert!(q.a.conn.counters().ecn_marks_echoed > 0);
+}
+
 #[test]
 fn a_metaroce_sender_paces_to_the_receivers_hint() {
     // B's hint: 1000 Mb/s. A Write of 512 KiB in packets of 1024 bytes (about 1100 bytes each on

@@ -29,6 +29,7 @@ impl Report {
                 "rnr_retries": r.rnr_retries,
                 "ecn_marks_echoed": r.ecn_marks_echoed,
                 "cwnd_cuts": r.cwnd_cuts,
+                "cnps_received": r.cnps_received,
                 "paths_used": r.paths_used,
                 "path_failures": r.path_failures,
             }),

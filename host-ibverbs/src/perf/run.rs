@@ -47,6 +47,9 @@ pub struct BwResult {
     pub ecn_marks_echoed: u64,
     /// Times a path's congestion window was halved for those marks, all connections.
     pub cwnd_cuts: u64,
+    /// Congestion notification packets the peer sent for CE-marked data (`--cc dcqcn`), all
+    /// connections.
+    pub cnps_received: u64,
     /// Paths that carried packets, on the connection that used the fewest.
     pub paths_used: usize,
     /// Paths declared failed (each then took a new UDP source port), all connections.
@@ -78,6 +81,7 @@ impl BwResult {
             rnr_retries: parts.iter().map(|p| p.rnr_retries).sum(),
             ecn_marks_echoed: parts.iter().map(|p| p.ecn_marks_echoed).sum(),
             cwnd_cuts: parts.iter().map(|p| p.cwnd_cuts).sum(),
+            cnps_received: parts.iter().map(|p| p.cnps_received).sum(),
             paths_used: parts.iter().map(|p| p.paths_used).min().unwrap_or(0),
             path_failures: parts.iter().map(|p| p.path_failures).sum(),
         }
@@ -445,6 +449,7 @@ pub(super) fn client_phase(
         r.rnr_retries = rnr;
         r.ecn_marks_echoed = added(|c| c.ecn_marks_echoed);
         r.cwnd_cuts = added(|c| c.cwnd_cuts);
+        r.cnps_received = added(|c| c.cnps_received);
         r.paths_used = ep.paths_used();
         r.path_failures = added(|c| c.path_failures);
         let counts_s = counts

@@ -131,6 +131,10 @@ pub struct Connection<
     send_hint: u32,
     /// Something may be waiting in the control queues (ACK, probe reply, probe, NACK).
     control_dirty: bool,
+    /// DCQCN's notification point: when the last CNP left.
+    cnp_gate: crate::rate::CnpGate,
+    /// A CNP is due, on this path.
+    cnp_due: Option<PathId>,
     /// A Read or atomic response was queued since the last `poll_transmit`.
     response_ready: bool,
     /// The ACK the last data packet carried (flag A) and when it arrived: taken after that
@@ -239,6 +243,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             atomic_path: None,
             send_hint: 0,
             control_dirty: false,
+            cnp_gate: crate::rate::CnpGate::default(),
+            cnp_due: None,
             response_ready: false,
             carried: None,
             tx_streams: [TxStream {
@@ -288,8 +294,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         self.hint_out = mbps;
     }
 
-    /// A congestion notification packet for this connection arrived (RoCEv2 mode, DCQCN).
-    /// Returns whether it cut the rate.
+    /// A congestion notification packet for this connection arrived (RoCEv2 mode, DCQCN): as a
+    /// CNP datagram through `handle_datagram`, or told by a runner that models them. Returns
+    /// whether it cut the rate.
     pub fn handle_cnp(&mut self, now: Instant) -> bool {
         let cut = self.rate.on_cnp(now);
         if cut {

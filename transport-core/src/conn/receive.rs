@@ -88,6 +88,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             Extensions::MrProbe(probe) => self
                 .on_probe(now, src_port, bth.opcode, &probe)
                 .map(|()| Delivery::Nothing),
+            Extensions::Cnp => {
+                self.counters.cnps_received += 1;
+                self.handle_cnp(now);
+                Ok(Delivery::Nothing)
+            }
             _ => match view.ext.mr_data() {
                 Some(data) => {
                     if let Some(p) = view.piggy {

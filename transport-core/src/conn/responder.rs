@@ -46,6 +46,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             rx.ts_at = now;
         }
         if marked {
+            // DCQCN's notification point: a CNP back, at most one per interval.
+            if let Some(interval) = self.rate.cnp_interval_ns() {
+                if self.cnp_gate.on_marked(now, interval) {
+                    self.cnp_due = Some(path);
+                    self.control_dirty = true;
+                }
+            }
             rx.ce = rx.ce.saturating_add(1);
             rx.ece = true;
         }

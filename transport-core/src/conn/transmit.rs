@@ -171,7 +171,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         buf: &mut [u8],
     ) -> Option<Transmit> {
         let n = usize::from(self.cfg.paths);
-        // NACKs first: they are rare and unblock the peer.
+        // A CNP first: the peer's rate cut should not wait behind anything.
+        if let Some(path) = self.cnp_due.take() {
+            self.counters.cnps_sent += 1;
+            let psn = Psn::new(0);
+            return self.write_control(buf, Opcode::Cnp, psn, Extensions::Cnp, path);
+        }
+        // NACKs next: they are rare and unblock the peer.
         let mut pending = self
             .nacks
             .iter_mut()

@@ -335,6 +335,11 @@ pub struct Counters {
     pub ecn_marks_echoed: u64,
     /// Times a path's congestion window was halved for ECN marks.
     pub cwnd_cuts: u64,
+    /// Congestion notification packets sent (RoCEv2 CNPs, BTH opcode 0x81, for CE-marked data
+    /// when the connection runs DCQCN; at most one per the controller's CNP interval).
+    pub cnps_sent: u64,
+    /// Congestion notification packets received.
+    pub cnps_received: u64,
     /// Probes sent.
     pub probes_sent: u64,
     /// Paths declared failed.

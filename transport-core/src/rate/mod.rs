@@ -120,6 +120,15 @@ impl<const P: usize> RateControl<P> {
         self.algorithm
     }
 
+    /// DCQCN's notification point: the least time between two CNPs this end sends the peer for
+    /// CE-marked packets; `None` for the controllers that do not use CNPs.
+    pub fn cnp_interval_ns(&self) -> Option<u64> {
+        match self.algorithm {
+            Algorithm::Dcqcn(p) => Some(p.cnp_interval_ns),
+            _ => None,
+        }
+    }
+
     /// An ACK of path `path`. Returns whether it cut the path's window (or the connection's
     /// window or rate, for controllers without path windows).
     pub fn on_ack(&mut self, path: PathId, ack: AckReport) -> bool {

@@ -148,6 +148,7 @@ pub(super) fn client_bw(
             rnr_retries: 0,
             ecn_marks_echoed: 0,
             cwnd_cuts: 0,
+            cnps_received: 0,
             paths_used: 0,
             path_failures: 0,
         },

@@ -122,6 +122,8 @@ pub fn connection_named(c: &Counters) -> Vec<(&'static str, u64)> {
         ("ecn_ce_received", c.ecn_ce_received),
         ("ecn_marks_echoed", c.ecn_marks_echoed),
         ("cwnd_cuts", c.cwnd_cuts),
+        ("cnps_sent", c.cnps_sent),
+        ("cnps_received", c.cnps_received),
         ("probes_sent", c.probes_sent),
         ("path_failures", c.path_failures),
     ]
