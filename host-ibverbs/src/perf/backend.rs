@@ -438,6 +438,25 @@ impl Endpoint {
         }
     }
 
+    /// Each connection's rate controller (none for verbs).
+    pub fn conn_rates(&self) -> Vec<super::run::ConnRate> {
+        match &self.be {
+            Be::Udp(u) => u
+                .ctx
+                .snapshot()
+                .iter()
+                .map(|q| super::run::ConnRate {
+                    rate_mbps: q.rate.rate_mbps,
+                    connection_window: q.rate.connection_window,
+                    hint_received_mbps: q.rate.hint_received_mbps,
+                    path_windows: q.paths.iter().map(|p| p.cwnd).collect(),
+                })
+                .collect(),
+            #[cfg(feature = "verbs")]
+            Be::Verbs(_) => Vec::new(),
+        }
+    }
+
     /// Paths that carried packets, on the connection that used the fewest (1 for verbs).
     pub fn paths_used(&self) -> usize {
         match &self.be {

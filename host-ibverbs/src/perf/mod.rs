@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 pub use backend::Transport;
 pub use config::*;
 pub use report::*;
-pub use run::{BwResult, LatResult};
+pub use run::{BwResult, ConnRate, LatResult};
 pub use session::*;
 
 /// Why a run failed.

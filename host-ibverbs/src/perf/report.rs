@@ -32,6 +32,12 @@ impl Report {
                 "cnps_received": r.cnps_received,
                 "paths_used": r.paths_used,
                 "path_failures": r.path_failures,
+                "connections": r.connections.iter().map(|c| json!({
+                    "rate_mbps": c.rate_mbps,
+                    "connection_window": c.connection_window,
+                    "hint_received_mbps": c.hint_received_mbps,
+                    "path_windows": c.path_windows,
+                })).collect::<Vec<_>>(),
             }),
             Report::Lat(r) => {
                 let mut v = json!({

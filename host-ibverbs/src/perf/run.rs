@@ -54,6 +54,22 @@ pub struct BwResult {
     pub paths_used: usize,
     /// Paths declared failed (each then took a new UDP source port), all connections.
     pub path_failures: u64,
+    /// Each connection's rate controller at the end of the phase (UDP transport; none for
+    /// verbs, whose NIC runs its own).
+    pub connections: Vec<ConnRate>,
+}
+
+/// A connection's rate controller as a phase leaves it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConnRate {
+    /// The rate it may send at, Mb/s (0: not limited).
+    pub rate_mbps: u32,
+    /// Its connection window, packets.
+    pub connection_window: u32,
+    /// The last rate hint the receiver's ACKs carried, Mb/s (0: none).
+    pub hint_received_mbps: u32,
+    /// Each path's window, packets.
+    pub path_windows: Vec<u32>,
 }
 
 impl BwResult {
@@ -84,6 +100,7 @@ impl BwResult {
             cnps_received: parts.iter().map(|p| p.cnps_received).sum(),
             paths_used: parts.iter().map(|p| p.paths_used).min().unwrap_or(0),
             path_failures: parts.iter().map(|p| p.path_failures).sum(),
+            connections: parts.iter().flat_map(|p| p.connections.clone()).collect(),
         }
     }
 }
@@ -451,6 +468,7 @@ pub(super) fn client_phase(
         r.cwnd_cuts = added(|c| c.cwnd_cuts);
         r.cnps_received = added(|c| c.cnps_received);
         r.paths_used = ep.paths_used();
+        r.connections = ep.conn_rates();
         r.path_failures = added(|c| c.path_failures);
         let counts_s = counts
             .iter()

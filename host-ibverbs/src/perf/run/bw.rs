@@ -149,6 +149,7 @@ pub(super) fn client_bw(
             ecn_marks_echoed: 0,
             cwnd_cuts: 0,
             cnps_received: 0,
+            connections: Vec::new(),
             paths_used: 0,
             path_failures: 0,
         },
