@@ -142,9 +142,10 @@ pub struct PerfArgs {
     #[arg(long)]
     pub no_icrc: bool,
     /// UDP transport: the rate controller, on both ends (the server takes the client's choice;
-    /// docs/CONGESTION.md). metaroce paces to the receiver's hint (see --line-rate).
-    #[arg(long, value_parser = cc_parser(), default_value = "ecn-aimd")]
-    pub cc: perf::Cc,
+    /// docs/CONGESTION.md). By default metaroce: ECN AIMD per path and per connection, paced to
+    /// the receiver's hint when the receiver has a --line-rate.
+    #[arg(long, value_parser = cc_parser())]
+    pub cc: Option<perf::Cc>,
     /// UDP transport: this end's line rate, Gb/s. On the receiving end, every ACK then carries
     /// each sender's max-min share of it (the rate hint a metaroce sender paces to); the
     /// rate-based controllers (dcqcn, timely) start from it (100 Gb/s when not given).
@@ -233,7 +234,13 @@ fn config(test: Test, a: &PerfArgs) -> Result<PerfConfig, String> {
     c.mtu = a.mtu;
     c.paths = a.paths;
     c.window = a.window;
-    c.cc = a.cc;
+    match (a.cc, a.transport) {
+        (Some(_), perf::Transport::Verbs) => {
+            return Err("--cc applies to the UDP transport (a RoCE NIC runs its own)".into())
+        }
+        (Some(cc), _) => c.cc = cc,
+        (None, _) => {}
+    }
     c.line_rate_mbps = a.line_rate.unwrap_or(0);
     if a.no_icrc {
         c.icrc = host_ibverbs::udp::IcrcMode::Off;

@@ -5,10 +5,10 @@ use super::*;
 /// The rate controller a test runs (`--cc`; docs/CONGESTION.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Cc {
-    /// ECN AIMD on each path's window (the default).
-    #[default]
+    /// ECN AIMD on each path's window (the default of clients from before `--cc`).
     EcnAimd,
-    /// MetaRoCE: path and connection windows, and the receiver's rate hint.
+    /// MetaRoCE: path and connection windows, and the receiver's rate hint (the default).
+    #[default]
     MetaRoce,
     /// DCQCN with ConnectX firmware defaults.
     Dcqcn,
@@ -280,7 +280,7 @@ impl PerfConfig {
             mtu: None,
             window: udp::DEFAULT_WINDOW,
             icrc: udp::IcrcMode::Full,
-            cc: Cc::EcnAimd,
+            cc: Cc::MetaRoce,
             line_rate_mbps: 0,
             tx_depth: 128,
             all_sizes: false,
@@ -409,7 +409,7 @@ pub(super) fn validate(cfg: &PerfConfig) -> Result<(), PerfError> {
             "--no-icrc applies to the UDP transport (a RoCE NIC always sends and checks it)".into(),
         ));
     }
-    if cfg.cc != Cc::EcnAimd && cfg.transport != Transport::Udp {
+    if cfg.cc != Cc::default() && cfg.transport != Transport::Udp {
         return Err(PerfError::Invalid(
             "--cc applies to the UDP transport (a RoCE NIC runs its own)".into(),
         ));

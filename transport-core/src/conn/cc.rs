@@ -6,7 +6,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     Connection<P, W, S, Q, R>
 {
     /// Reports an ACK of path `i` to the rate controller (packets newly acknowledged, whether
-    /// it carried marks, the receiver's rate hint) and counts a cut of the path's window. The controller's notion of "once
+    /// it carried marks, the receiver's rate hint) and counts the cuts (a path's own on the path,
+    /// every cut on the connection). The controller's notion of "once
     /// per RTT" is the path's smoothed RTT once there is a sample (it may round to 0 on a local
     /// link), `rto_low` before.
     pub(super) fn congestion(
@@ -30,8 +31,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             now,
             hint_mbps,
         };
-        if self.rate.on_ack(PathId(i as u8), report) {
+        let cuts = self.rate.on_ack(PathId(i as u8), report);
+        // A path counts its own cuts; the connection counts every cut of either window.
+        if cuts.path {
             self.paths[i].stats.cwnd_cuts += 1;
+        }
+        if cuts.any() {
             self.counters.cwnd_cuts += 1;
         }
     }

@@ -330,6 +330,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if !self.connection_open() {
             return None;
         }
+        if self.rate.limits_connection() {
+            return self.pick_roomiest(avoid);
+        }
         let mut fallback = None;
         for k in 0..n {
             let i = (self.rr + k) % n;
@@ -345,6 +348,38 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             return Some(id);
         }
         fallback
+    }
+
+    /// With a connection window (MetaRoCE, Swift) the paths are seldom full, so a round-robin
+    /// would spread packets evenly over marked and clear paths alike: the path with the most
+    /// room left in its window takes the packet (the next in the round-robin on a tie), so a
+    /// path whose window marks have cut carries less, as its window says.
+    fn pick_roomiest(&mut self, avoid: Option<PathId>) -> Option<PathId> {
+        let n = usize::from(self.cfg.paths);
+        let mut best: Option<(u32, usize)> = None;
+        let mut fallback = None;
+        for k in 0..n {
+            let i = (self.rr + k) % n;
+            if !self.path_open(i) {
+                continue;
+            }
+            if Some(PathId(i as u8)) == avoid {
+                fallback = Some(PathId(i as u8));
+                continue;
+            }
+            let p = &self.paths[i];
+            let room = self.rate.window(PathId(i as u8)) - p.next_seq.diff(p.una) as u32;
+            if best.is_none_or(|(r, _)| room > r) {
+                best = Some((room, i));
+            }
+        }
+        match best {
+            Some((_, i)) => {
+                self.rr = (i + 1) % n;
+                Some(PathId(i as u8))
+            }
+            None => fallback,
+        }
     }
 
     /// The path of a packet. An atomic (message `atomic`) sent while another atomic is in

@@ -19,7 +19,7 @@ mod timely;
 
 pub use crate::path::PathId;
 pub use crate::time::Instant;
-pub use aimd::PathAimd;
+pub use aimd::{ConnAimd, PathAimd, CONN_ALPHA_ONE};
 pub use dcqcn::{CnpGate, Dcqcn, DcqcnParams, ALPHA_ONE};
 pub use fair_share::{max_min_share, FairShare, FairShareError};
 pub use pacer::{serialisation_ns, Pacer};
@@ -48,6 +48,23 @@ pub enum Algorithm {
     Timely(TimelyParams),
     /// Swift: the connection's window against a target delay.
     Swift(SwiftParams),
+}
+
+/// Which windows an ACK cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Cuts {
+    /// The window of the path it came on.
+    pub path: bool,
+    /// The connection's window (MetaRoCE).
+    pub connection: bool,
+}
+
+impl Cuts {
+    /// Whether it cut any window.
+    pub fn any(self) -> bool {
+        self.path || self.connection
+    }
 }
 
 /// What an ACK told the sender about path `path`.
@@ -82,7 +99,7 @@ pub struct RateControl<const P: usize> {
     max_window: u32,
     paths: [PathAimd; P],
     /// The connection's window (MetaRoCE), 1/256 packet.
-    conn: PathAimd,
+    conn: ConnAimd,
     rate: RateState,
     /// The last rate hint an ACK carried, Mb/s (0: none).
     hint_mbps: u32,
@@ -104,7 +121,7 @@ impl<const P: usize> RateControl<P> {
             algorithm,
             max_window,
             paths: [PathAimd::new(max_window); P],
-            conn: PathAimd::new(Self::conn_max(max_window)),
+            conn: ConnAimd::new(Self::conn_max(max_window)),
             rate,
             hint_mbps: 0,
             pacer: Pacer::default(),
@@ -129,31 +146,27 @@ impl<const P: usize> RateControl<P> {
         }
     }
 
-    /// An ACK of path `path`. Returns whether it cut the path's window (or the connection's
-    /// window or rate, for controllers without path windows).
-    pub fn on_ack(&mut self, path: PathId, ack: AckReport) -> bool {
+    /// An ACK of path `path`. Returns which windows it cut.
+    pub fn on_ack(&mut self, path: PathId, ack: AckReport) -> Cuts {
         let max = self.max_window;
         if ack.hint_mbps != 0 {
             self.hint_mbps = ack.hint_mbps;
         }
+        let mut cuts = Cuts::default();
         match self.algorithm {
-            Algorithm::EcnAimd => self
-                .paths
-                .get_mut(path.index())
-                .is_some_and(|p| p.on_ack(ack, max)),
-            Algorithm::MetaRoce => {
+            Algorithm::EcnAimd | Algorithm::MetaRoce => {
                 let Some(p) = self.paths.get_mut(path.index()) else {
-                    return false;
+                    return cuts;
                 };
-                let cut = p.on_ack(ack, max);
-                self.conn.on_ack(ack, Self::conn_max(max)) || cut
+                cuts.path = p.on_ack(ack, max);
+                if self.algorithm == Algorithm::MetaRoce {
+                    cuts.connection = self.conn.on_ack(ack, Self::conn_max(max));
+                }
             }
-            Algorithm::Dcqcn(_) | Algorithm::Timely(_) => false,
-            Algorithm::Swift(_) => {
-                // Swift acts on delay: its ACKs come through `on_rtt`.
-                false
-            }
+            // DCQCN acts on CNPs, Timely and Swift on delay (`on_rtt`).
+            Algorithm::Dcqcn(_) | Algorithm::Timely(_) | Algorithm::Swift(_) => {}
         }
+        cuts
     }
 
     /// An RTT sample of path `path` (ns) at `now`, for the delay-based controllers: Timely's
