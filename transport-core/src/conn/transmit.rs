@@ -371,6 +371,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             let room = self.rate.window(PathId(i as u8)) - p.next_seq.diff(p.una) as u32;
             if best.is_none_or(|(r, _)| room > r) {
                 best = Some((room, i));
+                if room >= self.cfg.window_per_path {
+                    break; // an idle path with a full window: none has more room
+                }
             }
         }
         match best {
