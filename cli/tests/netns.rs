@@ -330,6 +330,99 @@ fn ce_marks_bring_cnps_across_the_wire_under_dcqcn() {
     );
 }
 
+/// Four write-bw clients into one host through a 400 Mbit/s `tbf` bottleneck (2 MB of queue),
+/// with nftables marking CE on the data that arrives above 32 MiB/s, about two thirds of it (an ECN
+/// switch's marking, seen from the host; nftables' byte limit takes the GRO-merged packets the
+/// hook sees, so a threshold nearer the line never fires): each
+/// client gets its share within 10%, every byte verified and none delivered twice; with
+/// `--cc dcqcn` CNPs cross the wire and both ends count them.
+#[test]
+#[ignore = "needs root for network namespaces; scripts/test.sh runs it"]
+fn four_clients_share_an_ecn_marked_bottleneck() {
+    let _one_at_a_time = serial();
+    let h = Hosts::new();
+    sh(&[
+        "ip", "netns", "exec", &h.a, "tc", "qdisc", "add", "dev", &h.dev_a, "root", "tbf", "rate",
+        "400mbit", "burst", "32kb", "limit", "2mb",
+    ]);
+    h.nft(
+        &h.b,
+        "table inet mrecn {\n chain pre {\n type filter hook prerouting priority -150;\n \
+         udp length > 500 limit rate over 32 mbytes/second burst 256 kbytes ip ecn set ce\n }\n}\n",
+    );
+    for cc in ["metaroce", "dcqcn"] {
+        let runs: Vec<_> = (0..4)
+            .map(|_| {
+                let (sa, ca) = (h.exec(&h.b), h.exec(&h.a));
+                let server = h.server.clone();
+                std::thread::spawn(move || {
+                    let s: Vec<&str> = sa.iter().map(String::as_str).collect();
+                    let c: Vec<&str> = ca.iter().map(String::as_str).collect();
+                    let args = [
+                        "--json",
+                        "-D",
+                        "4",
+                        "-q",
+                        "1",
+                        "--cc",
+                        cc,
+                        "--data-port",
+                        "0",
+                    ];
+                    pair(
+                        "write-bw",
+                        &s,
+                        &["--data-port", "0"],
+                        &c,
+                        &args,
+                        &server,
+                        &[],
+                    )
+                })
+            })
+            .collect();
+        let pairs: Vec<common::Pair> = runs.into_iter().map(|t| t.join().unwrap()).collect();
+        let mut gbps = Vec::new();
+        for p in &pairs {
+            assert_success(p);
+            let r = &p.client_json()[0];
+            assert_eq!(r["verified"], true, "{cc}: {r}");
+            assert_eq!(p.server_json()["verified"], true, "{cc}");
+            // Every byte placed once: the server placed exactly what the client's writes hold.
+            assert_eq!(
+                Some(server_counter(p, "rx_bytes_placed")),
+                r["total_bytes"].as_u64(),
+                "{cc}"
+            );
+            gbps.push(r["bw_avg_gbps"].as_f64().unwrap());
+        }
+        let mean = gbps.iter().sum::<f64>() / 4.0;
+        eprintln!("{cc}: {gbps:?} Gb/s, {mean:.3} each on average");
+        assert!(
+            (0.3..=0.42).contains(&(mean * 4.0)),
+            "{cc}: the four together moved {:.3} Gb/s through 0.4",
+            mean * 4.0
+        );
+        for g in &gbps {
+            assert!(
+                (g / mean - 1.0).abs() <= 0.1,
+                "{cc}: each within 10% of the mean: {gbps:?}"
+            );
+        }
+        if cc == "dcqcn" {
+            let sent: u64 = pairs.iter().map(|p| server_counter(p, "cnps_sent")).sum();
+            let got: u64 = pairs
+                .iter()
+                .map(|p| p.client_json()[0]["cnps_received"].as_u64().unwrap())
+                .sum();
+            assert!(
+                sent > 0 && got > 0 && got <= sent,
+                "CNPs: {sent} sent, {got} received"
+            );
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs root for network namespaces; scripts/test.sh runs it"]
 fn ecn_marks_set_in_the_kernel_reach_both_ends() {

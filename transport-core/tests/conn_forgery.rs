@@ -9,7 +9,9 @@ mod common;
 use common::{path_base, Pair, BASE};
 use proptest::prelude::*;
 use transport_core::conn::PathId;
-use transport_core::conn::{compute_icrc, path_origin, DropReason, Event, Status, WorkRequest};
+use transport_core::conn::{
+    compute_icrc, path_origin, Delivery, DropReason, Event, Status, WorkRequest,
+};
 use transport_core::time::Instant;
 use transport_core::wire::metaroce::{
     MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr, NackReason, SACK_BITS,
@@ -310,6 +312,76 @@ fn forged_probe_replies_do_not_revive_a_failed_path() {
     p.settle();
     assert_eq!(completions(&p.a.events), vec![(3, Status::Success)]);
     assert!(p.a.mem[..16 * 1024] == p.b.mem[..16 * 1024]);
+}
+
+/// A failed path whose probes are answered late (behind a queue longer than the probe interval:
+/// each answer comes after the next probe left) comes back on the late answer; the same answer
+/// again is refused, as is one for a probe never sent.
+#[test]
+fn a_late_answer_brings_a_failed_path_back() {
+    let mut p = pair();
+    p.a.conn
+        .post(Instant::ZERO, write(3, 0, 16 * 1024))
+        .unwrap();
+    // Path 0 loses everything until it has failed; then its probes are held, not delivered.
+    let mut held: Vec<(u16, Vec<u8>)> = Vec::new();
+    let mut failed = false;
+    for _ in 0..400_000 {
+        p.transmit();
+        if failed {
+            for (to_b, src, d) in &p.wire {
+                if *to_b && d[0] == 0xe2 && path_of(d) == Some(0) {
+                    held.push((*src, d.clone()));
+                }
+            }
+        }
+        p.deliver_and_tick(&mut |to_b, b| to_b && path_of(b) == Some(0));
+        failed |= p.a.events.iter().any(|e| {
+            matches!(
+                e,
+                Event::PathFailed {
+                    path: PathId(0),
+                    ..
+                }
+            )
+        });
+        if held.len() >= 3 {
+            break;
+        }
+    }
+    assert!(
+        held.len() >= 3,
+        "path 0 failed: {failed}, probes held: {}",
+        held.len()
+    );
+    // The first held probe reaches B now; its reply reaches A after two newer probes left.
+    p.deliver(true, held[0].0, &held[0].1).unwrap();
+    p.transmit();
+    let reply = p
+        .wire
+        .iter()
+        .find(|(to_b, _, d)| !to_b && d[0] == 0xe3)
+        .map(|(_, src, d)| (*src, d.clone()))
+        .expect("B answers the probe");
+    p.wire.clear();
+    assert_eq!(p.deliver(false, reply.0, &reply.1), Ok(Delivery::Nothing));
+    while let Some(e) = p.a.conn.poll_event() {
+        p.a.events.push(e);
+    }
+    assert!(p
+        .a
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::PathRestored { path: PathId(0) })));
+    // The same answer again is a replay.
+    let bad = p.a.conn.counters().drop_bad_probe;
+    assert_eq!(
+        p.deliver(false, reply.0, &reply.1),
+        Err(DropReason::Inconsistent)
+    );
+    assert_eq!(p.a.conn.counters().drop_bad_probe, bad + 1);
+    p.settle();
+    assert_eq!(completions(&p.a.events), vec![(3, Status::Success)]);
 }
 
 /// The path a data packet or a probe names (None for other packets).

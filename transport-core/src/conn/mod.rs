@@ -199,7 +199,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 .wrapping_add((i as u32).wrapping_mul(0x85eb_ca6b)),
             probe_ts: 0,
             probe_outstanding: false,
-            probe_superseded: None,
+            probe_history: [0; PROBE_HISTORY],
             probe_due: Instant::ZERO,
             probe_pending: false,
             probes_unanswered: 0,

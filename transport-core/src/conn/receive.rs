@@ -163,15 +163,24 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             return Ok(());
         }
         let p = &mut self.paths[i];
-        if p.probe_superseded == Some((probe.probe_seq, probe.ts_echo)) {
-            p.probe_superseded = None;
-            return Ok(());
-        }
-        if !p.probe_outstanding || probe.probe_seq != p.probe_seq || probe.ts_echo != p.probe_ts {
+        // The answer must echo one of the last probes, not answered before (its sequence number
+        // and the timestamp it carried).
+        let slot = probe.probe_seq as usize % PROBE_HISTORY;
+        let recent = (p.probe_seq.wrapping_sub(probe.probe_seq) as usize) < PROBE_HISTORY;
+        if !recent || probe.ts_echo == 0 || p.probe_history[slot] != probe.ts_echo {
             self.counters.drop_bad_probe += 1;
             return Err(DropReason::Inconsistent);
         }
-        p.probe_outstanding = false;
+        p.probe_history[slot] = 0;
+        let latest = probe.probe_seq == p.probe_seq;
+        if latest {
+            p.probe_outstanding = false;
+        } else if !p.failed {
+            // A late answer to an earlier probe of a path still in its first probing: the
+            // latest one decides. One of a path declared failed brings it back: it carries,
+            // behind a queue that holds packets longer than the probe interval.
+            return Ok(());
+        }
         self.rx_paths[i].peer_port = Some(src_port);
         if p.state == PathState::Probing {
             p.state = PathState::Active;

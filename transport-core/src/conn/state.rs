@@ -124,9 +124,10 @@ pub(super) struct TxPath {
     pub(super) probe_seq: u32,
     pub(super) probe_ts: u32,
     pub(super) probe_outstanding: bool,
-    /// The probe sent before the outstanding one, if it was still unanswered then (sequence,
-    /// timestamp): its late answer is genuine, not counted as a bad probe, and changes nothing.
-    pub(super) probe_superseded: Option<(u32, u32)>,
+    /// The timestamps of the last [`PROBE_HISTORY`] probes, by sequence number modulo the
+    /// history; 0 once answered (or never sent). A late answer to one of them is genuine: the
+    /// path carries, behind a queue that holds packets longer than the probe interval.
+    pub(super) probe_history: [u32; PROBE_HISTORY],
     pub(super) probe_due: Instant,
     pub(super) probe_pending: bool,
     pub(super) probes_unanswered: u8,
@@ -314,3 +315,6 @@ pub(super) struct PendingNack {
     pub(super) psn: Psn,
     pub(super) nack: MrNackRepr,
 }
+
+/// Probes whose answers a path still takes (see `TxPath::probe_history`).
+pub(super) const PROBE_HISTORY: usize = 16;

@@ -299,10 +299,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         i: usize,
     ) -> Option<Transmit> {
         let p = &mut self.paths[i];
-        p.probe_superseded = p.probe_outstanding.then_some((p.probe_seq, p.probe_ts));
         p.probe_seq = p.probe_seq.wrapping_add(1);
-        p.probe_ts = now.wire_timestamp();
+        // A timestamp of 0 marks an answered slot: a probe sent at that instant carries 1.
+        p.probe_ts = now.wire_timestamp().max(1);
         p.probe_outstanding = true;
+        p.probe_history[p.probe_seq as usize % PROBE_HISTORY] = p.probe_ts;
         let probe = MrProbeRepr {
             path_id: i as u8,
             probe_seq: p.probe_seq,
