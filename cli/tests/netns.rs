@@ -89,6 +89,29 @@ impl Hosts {
         vec!["ip".into(), "netns".into(), "exec".into(), ns.into()]
     }
 
+    /// A token bucket on the client side's veth: what leaves `a` at most at `rate`.
+    fn tbf(&self, rate: &str, burst: &str, limit: &str) {
+        sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &self.a,
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            &self.dev_a,
+            "root",
+            "tbf",
+            "rate",
+            rate,
+            "burst",
+            burst,
+            "limit",
+            limit,
+        ]);
+    }
+
     /// Loads an nftables ruleset into a namespace.
     fn nft(&self, ns: &str, rules: &str) {
         let path = std::env::temp_dir().join(format!("{ns}.nft"));
@@ -341,10 +364,7 @@ fn ce_marks_bring_cnps_across_the_wire_under_dcqcn() {
 fn four_clients_share_an_ecn_marked_bottleneck() {
     let _one_at_a_time = serial();
     let h = Hosts::new();
-    sh(&[
-        "ip", "netns", "exec", &h.a, "tc", "qdisc", "add", "dev", &h.dev_a, "root", "tbf", "rate",
-        "400mbit", "burst", "32kb", "limit", "2mb",
-    ]);
+    h.tbf("400mbit", "32kb", "2mb");
     h.nft(
         &h.b,
         "table inet mrecn {\n chain pre {\n type filter hook prerouting priority -150;\n \
@@ -526,10 +546,7 @@ fn marks_on_some_paths_steer_the_data_to_the_others() {
 fn a_tbf_bottleneck_drops_packets_and_every_byte_still_arrives() {
     let _one_at_a_time = serial();
     let h = Hosts::new();
-    sh(&[
-        "ip", "netns", "exec", &h.a, "tc", "qdisc", "add", "dev", &h.dev_a, "root", "tbf", "rate",
-        "1gbit", "burst", "64kb", "limit", "200kb",
-    ]);
+    h.tbf("1gbit", "64kb", "200kb");
     let p = h.run("write-bw", &["-s", "1048576", "-n", "16", "-q", "2"]);
     assert_success(&p);
     let r = &p.client_json()[0];

@@ -126,16 +126,6 @@ impl ConnAimd {
 mod tests {
     use super::*;
 
-    fn conn_ack(acked: u32, marked: bool, now: u64) -> AckReport {
-        AckReport {
-            acked,
-            marked,
-            srtt: 10_000,
-            now: at(now),
-            hint_mbps: 0,
-        }
-    }
-
     // By hand, from DCTCP's equations (Alizadeh et al., SIGCOMM 2010, section 3.1) in this
     // module's units: alpha in 1/1024, g = 1/16, the window in 1/256 packet.
     #[test]
@@ -144,23 +134,23 @@ mod tests {
         assert_eq!((c.window(), c.alpha()), (25_600, 1024));
         // The first ACK is marked: a round of F = 1 ends at once, alpha stays 1024 and the
         // window halves: 25600 - 25600 * 1024 / 2048 = 12800.
-        assert!(c.on_ack(conn_ack(1, true, 0), 100));
+        assert!(c.on_ack(ack(1, true, 0), 100));
         assert_eq!((c.window(), c.alpha()), (12_800, 1024));
         // The next round (10 us): 8 packets, 2 of them marked. Unmarked ACKs grow the window by
         // 256 * 256 / w each: 12800 -> +5 -> 12805, +5 -> 12810, +5 -> 12815 (six of them, one ack
         // each: 12800 + 6 * 5 = 12830).
         for k in 0..6 {
-            assert!(!c.on_ack(conn_ack(1, false, 1_000 + k), 100));
+            assert!(!c.on_ack(ack(1, false, 1_000 + k), 100));
         }
-        assert!(!c.on_ack(conn_ack(1, true, 2_000), 100));
+        assert!(!c.on_ack(ack(1, true, 2_000), 100));
         assert_eq!(c.window(), 12_830);
         // The round ends at 10 us with its eighth ACK, marked: F = 2/8 = 256; alpha = 1024 - 64 +
         // 16 = 976; the window falls by 12830 * 976 / 2048 = 6114 -> 6716.
-        assert!(c.on_ack(conn_ack(1, true, 10_000), 100));
+        assert!(c.on_ack(ack(1, true, 10_000), 100));
         assert_eq!((c.alpha(), c.window()), (976, 6_716));
         // A round without marks: alpha decays (976 - 61 = 915), no cut.
-        assert!(!c.on_ack(conn_ack(4, false, 15_000), 100));
-        assert!(!c.on_ack(conn_ack(4, false, 20_000), 100));
+        assert!(!c.on_ack(ack(4, false, 15_000), 100));
+        assert!(!c.on_ack(ack(4, false, 20_000), 100));
         assert_eq!(c.alpha(), 915);
     }
 
@@ -172,14 +162,14 @@ mod tests {
         let mut now = 0;
         for _ in 0..200 {
             for k in 0..16 {
-                c.on_ack(conn_ack(1, k == 0, now), 1000);
+                c.on_ack(ack(1, k == 0, now), 1000);
                 now += 10_000 / 16;
             }
         }
         assert!((60..=80).contains(&c.alpha()), "{}", c.alpha());
         let before = c.window();
         for k in 0..16 {
-            c.on_ack(conn_ack(1, k == 0, now), 1000);
+            c.on_ack(ack(1, k == 0, now), 1000);
             now += 10_000 / 16;
         }
         let after = c.window();
