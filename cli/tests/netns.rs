@@ -112,6 +112,18 @@ impl Hosts {
         ]);
     }
 
+    /// Marks CE, as an ECN switch would, on what arrives in namespace `ns` and matches
+    /// `selector` (an nftables expression).
+    fn mark_ce(&self, ns: &str, selector: &str) {
+        self.nft(
+            ns,
+            &format!(
+                "table inet mrecn {{\n chain pre {{\n type filter hook prerouting priority -150;\n \
+                 {selector} ip ecn set ce\n }}\n}}\n"
+            ),
+        );
+    }
+
     /// Loads an nftables ruleset into a namespace.
     fn nft(&self, ns: &str, rules: &str) {
         let path = std::env::temp_dir().join(format!("{ns}.nft"));
@@ -297,11 +309,7 @@ fn ping_pongs_under_real_loss_verify_every_answer() {
 fn ce_marks_bring_cnps_across_the_wire_under_dcqcn() {
     let _one_at_a_time = serial();
     let h = Hosts::new();
-    h.nft(
-        &h.b,
-        "table inet mrecn {\n chain pre {\n type filter hook prerouting priority -150;\n \
-         udp dport 4791 numgen random mod 100 < 10 ip ecn set ce\n }\n}\n",
-    );
+    h.mark_ce(&h.b, "udp dport 4791 numgen random mod 100 < 10");
     let dir = ScratchDir::new("cnp");
     let pcap = dir.0.join("cnp.pcap");
     let p = h.run(
@@ -365,10 +373,9 @@ fn four_clients_share_an_ecn_marked_bottleneck() {
     let _one_at_a_time = serial();
     let h = Hosts::new();
     h.tbf("400mbit", "32kb", "2mb");
-    h.nft(
+    h.mark_ce(
         &h.b,
-        "table inet mrecn {\n chain pre {\n type filter hook prerouting priority -150;\n \
-         udp length > 500 limit rate over 32 mbytes/second burst 256 kbytes ip ecn set ce\n }\n}\n",
+        "udp length > 500 limit rate over 32 mbytes/second burst 256 kbytes",
     );
     for cc in ["metaroce", "dcqcn"] {
         let runs: Vec<_> = (0..4)
@@ -448,11 +455,7 @@ fn four_clients_share_an_ecn_marked_bottleneck() {
 fn ecn_marks_set_in_the_kernel_reach_both_ends() {
     let _one_at_a_time = serial();
     let h = Hosts::new();
-    h.nft(
-        &h.b,
-        "table inet mrecn {\n chain pre {\n type filter hook prerouting priority -150;\n \
-         udp dport 4791 numgen random mod 100 < 10 ip ecn set ce\n }\n}\n",
-    );
+    h.mark_ce(&h.b, "udp dport 4791 numgen random mod 100 < 10");
     let p = h.run("write-bw", &["-s", "1048576", "-n", "16", "-q", "2"]);
     assert_success(&p);
     let marks = server_device_counter(&p, "rx_ecn_ce");
@@ -492,11 +495,7 @@ fn ecn_marks_set_in_the_kernel_reach_both_ends() {
 fn marks_on_some_paths_steer_the_data_to_the_others() {
     let _one_at_a_time = serial();
     let h = Hosts::new();
-    h.nft(
-        &h.a,
-        "table inet mrecn {\n chain pre {\n type filter hook prerouting priority -150;\n \
-         udp dport 4791 udp sport & 1 == 0 ip ecn set ce\n }\n}\n",
-    );
+    h.mark_ce(&h.a, "udp dport 4791 udp sport & 1 == 0");
     // Reads: the server sends the data, so its paths are the ones to look at.
     let p = h.run(
         "read-bw",

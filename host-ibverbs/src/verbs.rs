@@ -522,7 +522,7 @@ impl MemoryRegion {
         unsafe { self.inner.mr.as_ref().rkey }
     }
 
-    fn check(&self, offset: usize, len: usize) -> Result<(), VerbsError> {
+    pub(super) fn check(&self, offset: usize, len: usize) -> Result<(), VerbsError> {
         if offset.checked_add(len).is_none_or(|e| e > self.len()) {
             return Err(VerbsError::Invalid("range outside the memory region"));
         }

@@ -277,6 +277,57 @@ fn ce_marks_bring_cnps_on_the_wire_under_dcqcn() {
     assert!(q.a.conn.counters().ecn_marks_echoed > 0);
 }
 
+/// A peer that floods CNPs (its own genuine one, replayed ten thousand times at one instant) cuts
+/// the rate once per DCQCN's least time between cuts, never below its minimum, and each costs a
+/// counter: nothing is kept per CNP. A CNP to a connection not running DCQCN changes nothing.
+#[test]
+fn a_cnp_flood_cuts_once_per_interval_and_keeps_nothing() {
+    let params = transport_core::rate::DcqcnParams::vendor(100_000);
+    let mut p = pair_with(transport_core::rate::Algorithm::Dcqcn(params));
+    p.ce_ports = (0..4u8)
+        .map(|i| p.a.conn.path_stats(PathId(i)).unwrap().src_port)
+        .collect();
+    p.a.conn
+        .post(p.now, common::write_at(1, 0, 64 * 1024, KEY))
+        .unwrap();
+    let mut cnp = None;
+    for _ in 0..1000 {
+        p.transmit();
+        cnp = cnp.or_else(|| {
+            p.wire
+                .iter()
+                .find(|(to_b, _, d)| !to_b && d[0] == 0x81)
+                .map(|(_, port, d)| (*port, d.clone()))
+        });
+        p.deliver_and_tick(&mut |_, _| false);
+        if cnp.is_some() {
+            break;
+        }
+    }
+    let (port, cnp) = cnp.expect("B sends a CNP for the marked data");
+    let (cuts, got) = (
+        p.a.conn.counters().cwnd_cuts,
+        p.a.conn.counters().cnps_received,
+    );
+    for _ in 0..10_000 {
+        assert!(p.deliver(false, port, &cnp).is_ok());
+    }
+    let c = p.a.conn.counters();
+    assert_eq!(c.cnps_received, got + 10_000);
+    assert!(
+        c.cwnd_cuts <= cuts + 1,
+        "{} cuts at one instant",
+        c.cwnd_cuts - cuts
+    );
+    assert!(p.a.conn.rate_status().rate_mbps >= params.min_mbps);
+    // Under ECN AIMD the same datagram counts and changes no window.
+    let mut q = pair_with(transport_core::rate::Algorithm::EcnAimd);
+    let before = q.a.conn.path_stats(PathId(0)).unwrap().cwnd;
+    let _ = q.deliver(false, port, &cnp);
+    assert_eq!(q.a.conn.path_stats(PathId(0)).unwrap().cwnd, before);
+    assert_eq!(q.a.conn.counters().cwnd_cuts, 0);
+}
+
 #[test]
 fn a_metaroce_sender_paces_to_the_receivers_hint() {
     // B's hint: 1000 Mb/s. A Write of 512 KiB in packets of 1024 bytes (about 1100 bytes each on

@@ -245,15 +245,7 @@ impl QueuePair {
     /// without immediate data), Read, compare-and-swap and fetch-and-add (`len` 8).
     pub fn post_send(&self, wr: &SendWr<'_>) -> Result<(), VerbsError> {
         let mr = wr.mr;
-        if wr
-            .offset
-            .checked_add(wr.len as usize)
-            .is_none_or(|e| e > mr.len())
-        {
-            return Err(VerbsError::Invalid(
-                "local buffer outside the memory region",
-            ));
-        }
+        mr.check(wr.offset, wr.len as usize)?;
         check_atomic(wr)?;
         let mut sge = sys::ibv_sge {
             addr: mr.addr() + wr.offset as u64,
@@ -328,14 +320,7 @@ impl QueuePair {
         offset: usize,
         len: u32,
     ) -> Result<(), VerbsError> {
-        if offset
-            .checked_add(len as usize)
-            .is_none_or(|e| e > mr.len())
-        {
-            return Err(VerbsError::Invalid(
-                "local buffer outside the memory region",
-            ));
-        }
+        mr.check(offset, len as usize)?;
         let mut sge = sys::ibv_sge {
             addr: mr.addr() + offset as u64,
             length: len,
