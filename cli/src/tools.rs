@@ -539,6 +539,8 @@ pub fn run_devices(json: bool, sysfs: &std::path::Path) -> ExitCode {
                         "state": p.state,
                         "active": p.is_active(),
                         "link_layer": link(p.link_layer),
+                        "mtu": p.netdev_mtu,
+                        "roce_mtu": p.netdev_mtu.and_then(gids::roce_mtu),
                         "best_gid_index": (p.link_layer == LinkLayer::Ethernet)
                             .then(|| gids::best_gid(p, false).map(|g| g.index))
                             .flatten(),
@@ -584,8 +586,15 @@ pub fn run_devices(json: bool, sysfs: &std::path::Path) -> ExitCode {
             }
             for d in devs {
                 for p in &d.ports {
+                    let mtu = match p.netdev_mtu {
+                        Some(m) => format!(
+                            ", mtu {m} (RoCE {})",
+                            gids::roce_mtu(m).map_or("none".into(), |r| r.to_string())
+                        ),
+                        None => String::new(),
+                    };
                     println!(
-                        "    {} port {}: {}, {}",
+                        "    {} port {}: {}, {}{mtu}",
                         d.name,
                         p.num,
                         p.state,

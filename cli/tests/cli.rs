@@ -305,6 +305,10 @@ fn devices_lists_gid_tables_and_the_default() {
     assert_eq!(p["gids"][3]["type"], "RoCE v2");
     assert_eq!(p["gids"][2]["type"], "IB/RoCE v1");
     assert_eq!(p["gids"].as_array().unwrap().len(), 6);
+    assert_eq!(
+        (p["mtu"].as_u64(), p["roce_mtu"].as_u64()),
+        (Some(9000), Some(4096))
+    );
     // No default on an InfiniBand port; a down port says so.
     assert_eq!(dev("mlx5_1")["best_gid_index"], Value::Null);
     assert_eq!(dev("mlx5_2")["active"], false);

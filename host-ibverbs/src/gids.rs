@@ -121,6 +121,18 @@ pub struct Port {
     pub link_layer: LinkLayer,
     /// The used entries of its GID table, by index.
     pub gids: Vec<GidEntry>,
+    /// The MTU of its network interface (the interface of its GIDs), when known.
+    pub netdev_mtu: Option<u32>,
+}
+
+/// The RoCE path MTU an interface MTU allows, bytes: the largest IB MTU (256 to 4096) that fits
+/// with the RoCE v2 headers around it (IPv6 40, UDP 8, BTH 12, the largest extension headers 28
+/// and XRC 4, ICRC 4: 96 bytes, as the kernel's `iboe_get_mtu` counts them).
+pub fn roce_mtu(netdev_mtu: u32) -> Option<u32> {
+    let room = netdev_mtu.checked_sub(96)?;
+    [4096, 2048, 1024, 512, 256]
+        .into_iter()
+        .find(|&m| m <= room)
 }
 
 impl Port {
@@ -185,11 +197,19 @@ pub fn read_port(dir: &Path, num: u8) -> io::Result<Port> {
             });
         }
     }
+    // The interface's MTU, from the class next to infiniband (`/sys/class/net/IF/mtu`).
+    let netdev_mtu = gids.iter().find_map(|g| {
+        let net = dir.ancestors().nth(4)?.join("net");
+        read_trimmed(&net.join(g.netdev.as_ref()?).join("mtu"))?
+            .parse()
+            .ok()
+    });
     Ok(Port {
         num,
         state,
         link_layer,
         gids,
+        netdev_mtu,
     })
 }
 

@@ -80,6 +80,7 @@ fn the_default_is_the_ipv4_roce_v2_gid_not_index_0() {
         state: "4: ACTIVE".into(),
         link_layer: LinkLayer::Ethernet,
         gids: Vec::new(),
+        netdev_mtu: None,
     };
     assert_eq!(best_gid(&empty, false), None);
 }
@@ -125,4 +126,23 @@ fn no_rdma_support_is_an_empty_list_and_odd_files_are_skipped() {
         assert_eq!(GidType::from_name(t.short()), Some(t));
     }
     assert_eq!(GidType::from_name("RoCE v3"), None);
+}
+
+#[test]
+fn the_interface_mtu_gives_the_roce_mtu() {
+    // The fixtures' interfaces: enp65s0f0 at 9000, enp65s0f1 at 1500; none for InfiniBand.
+    assert_eq!(device("mlx5_0").ports[0].netdev_mtu, Some(9000));
+    assert_eq!(device("mlx5_2").ports[0].netdev_mtu, Some(1500));
+    assert_eq!(device("mlx5_1").ports[0].netdev_mtu, None);
+    for (netdev, roce) in [
+        (9000, Some(4096)),
+        (4200, Some(4096)),
+        (4191, Some(2048)),
+        (1500, Some(1024)),
+        (1120, Some(1024)),
+        (1119, Some(512)),
+        (300, None),
+    ] {
+        assert_eq!(roce_mtu(netdev), roce, "{netdev}");
+    }
 }
