@@ -181,6 +181,49 @@ mod tests {
         assert!(e.contains("IPv4") && e.contains("IPv6"), "{e}");
     }
 
+    /// Through the connection exchange itself: each end sends its address in the `qps` message
+    /// as a verbs end does (`Endpoint::local_info`, `session`), reads the other's and agrees on
+    /// the same MTU; a peer with a RoCE v1 GID is refused on both ends.
+    #[test]
+    fn both_ends_agree_through_the_exchange() {
+        use crate::oob::{Channel, Message};
+        use std::time::Duration;
+        let run = |client: VerbsAddr, server: VerbsAddr| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = l.local_addr().unwrap().port();
+            let t = std::thread::spawn(move || {
+                let mut c = Channel::accept(&l).unwrap();
+                let peer = c.recv(Some(Duration::from_secs(5))).unwrap();
+                c.send(&Message::new("qps").with("data", server.encode()))
+                    .unwrap();
+                agree(
+                    &server,
+                    &VerbsAddr::decode(peer.text("data").unwrap()).unwrap(),
+                )
+            });
+            let mut c = Channel::connect("127.0.0.1", port, Duration::from_secs(5)).unwrap();
+            c.send(&Message::new("qps").with("data", client.encode()))
+                .unwrap();
+            let peer = c.recv(Some(Duration::from_secs(5))).unwrap();
+            let mine = agree(
+                &client,
+                &VerbsAddr::decode(peer.text("data").unwrap()).unwrap(),
+            );
+            (mine, t.join().unwrap())
+        };
+        let v2 = Some(GidType::RoceV2);
+        // The client's -m 1024 reaches the server.
+        assert_eq!(
+            run(addr(1, true, v2, 1024), addr(2, true, v2, 4096)),
+            (Ok(1024), Ok(1024))
+        );
+        let (a, b) = run(
+            addr(1, true, v2, 4096),
+            addr(2, true, Some(GidType::IbRoceV1), 4096),
+        );
+        assert!(a.is_err() && b.is_err(), "{a:?} {b:?}");
+    }
+
     #[test]
     fn mtus_map_to_the_verbs_enum() {
         for (i, m) in IB_MTUS.iter().enumerate() {
