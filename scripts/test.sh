@@ -24,6 +24,8 @@ have() { compgen -G "$1" >/dev/null; }
 need=()
 { have /usr/bin/ip || have /bin/ip; } && { have /usr/sbin/tc || have /sbin/tc; } || need+=(iproute2)
 have /usr/sbin/nft || need+=(nftables)
+# The locked-memory test drops CAP_IPC_LOCK and lowers RLIMIT_MEMLOCK for a child run.
+have /usr/bin/setpriv && have /usr/bin/prlimit || need+=(util-linux)
 # rdma-sys: pkg-config probes libibverbs.pc and librdmacm.pc, bindgen reads their headers through
 # libclang (clang-sys looks for libclang.so; libclang-dev brings it with clang's own headers).
 have "/usr/lib/$multiarch/pkgconfig/libibverbs.pc" && have /usr/include/infiniband/verbs.h || need+=(libibverbs-dev)
