@@ -169,6 +169,9 @@ struct SelftestArgs {
     /// Incast: the receiver does not put each sender's fair share in its ACKs.
     #[arg(long)]
     no_hint: bool,
+    /// Incast: the receiver shares out the whole line whatever queue its data meets (no drain).
+    #[arg(long)]
+    no_drain: bool,
     /// Incast: the line rate of every link, Gb/s.
     #[arg(long, default_value_t = 100.0)]
     link_gbps: f64,
@@ -443,6 +446,7 @@ fn run_incast(a: &SelftestArgs, senders: u16) -> io::Result<ExitCode> {
         cc: a.cc.algorithm(line, defaults.window_per_path),
         // Only MetaRoCE senders act on the hint.
         hint: !a.no_hint && a.cc == host_ibverbs::perf::Cc::MetaRoce,
+        drain: !a.no_drain,
         seed: a.seed,
         ..defaults
     };
@@ -451,6 +455,7 @@ fn run_incast(a: &SelftestArgs, senders: u16) -> io::Result<ExitCode> {
         "senders": r.senders,
         "cc": a.cc.name(),
         "hint": cfg.hint,
+        "drain": cfg.hint && cfg.drain,
         "per_sender_goodput": r.per_sender_goodput,
         "jain_index": r.jain_index,
         "link_utilisation": r.link_utilisation,

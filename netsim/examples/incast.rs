@@ -14,6 +14,7 @@ fn main() {
     let line = 100_000;
     for (name, cc, hint) in [
         ("metaroce+hint", Algorithm::MetaRoce, true),
+        ("hint, no drain", Algorithm::MetaRoce, true),
         ("metaroce", Algorithm::MetaRoce, false),
         ("ecn-aimd", Algorithm::EcnAimd, false),
         ("dcqcn", Algorithm::Dcqcn(DcqcnParams::vendor(line)), false),
@@ -34,6 +35,7 @@ fn main() {
             bytes,
             cc,
             hint,
+            drain: name != "hint, no drain",
             ..IncastConfig::default()
         };
         let t = std::time::Instant::now();

@@ -16,7 +16,7 @@ use transport_core::conn::{
     Access, Applied, Config, Connection, Delivery, Event, FlatMemory, Region, RemoteAddr, Status,
     WorkRequest, WrOp,
 };
-use transport_core::rate::{Algorithm, FairShare};
+use transport_core::rate::{Algorithm, Drain, FairShare};
 use transport_core::time::Instant;
 use transport_core::wire::{Psn, Qpn};
 
@@ -55,6 +55,9 @@ pub struct IncastConfig {
     pub cc: Algorithm,
     /// Whether the receiver puts each sender's fair share in its ACKs.
     pub hint: bool,
+    /// Whether the shares drain a queue the receiver's data meets (`rate::Drain`, from the
+    /// one-way delays of its data) instead of dividing the whole line.
+    pub drain: bool,
     /// Paths per connection.
     pub paths: u8,
     /// Packets in flight per path.
@@ -67,7 +70,9 @@ pub struct IncastConfig {
 
 impl Default for IncastConfig {
     /// 16 senders of 2 MB each at 100 Gb/s, 2 us one way; HPCC's switch at 100 Gb/s (32 MB
-    /// buffer, Kmin 400 KB, Kmax 1600 KB, Pmax 0.2); MetaRoCE with the hint.
+    /// buffer, Kmin 400 KB, Kmax 1600 KB, Pmax 0.2); MetaRoCE with the hint and the drain;
+    /// 4 paths of 4 packets: 64 KiB in flight per connection, about one BDP (54 KB), as IRN
+    /// caps a connection's flight.
     fn default() -> Self {
         IncastConfig {
             senders: 16,
@@ -80,8 +85,9 @@ impl Default for IncastConfig {
             pmax: 0.2,
             cc: Algorithm::MetaRoce,
             hint: true,
+            drain: true,
             paths: 4,
-            window_per_path: 16,
+            window_per_path: 4,
             cnp_interval_ns: 50_000,
             seed: 1,
         }
@@ -287,8 +293,20 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
             }
         })
         .collect();
-    let mut fair: FairShare<MAX_SENDERS> = FairShare::new(line_mbps, 1_000_000);
     let base_rtt = 2 * cfg.delay_ns + ((4096 + 52 + FRAMING) as f64 * ns_per_byte) as u64;
+    // A sender silent for four base RTTs, or four of its packets at its share, gives its share
+    // back.
+    // A sender silent for four base RTTs, or eight of its packets at its share, gives its share
+    // back. With the drain, the capacity shared out falls while the receiver's data meets more
+    // than two base RTTs of queueing, by the excess over 64 base RTTs, to half the line at most.
+    let mut fair: FairShare<MAX_SENDERS> = FairShare::new(line_mbps, 4 * base_rtt, 4096 + 52);
+    if cfg.drain {
+        fair = fair.with_drain(Drain {
+            target_ns: 2 * base_rtt,
+            horizon_ns: 64 * base_rtt,
+            floor: 512,
+        });
+    }
     let mut report = IncastReport {
         senders: n,
         base_rtt_ns: base_rtt,
@@ -301,6 +319,8 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
     // Bytes delivered per sender per base RTT, for the settling time.
     let mut delivered: Vec<Vec<u64>> = vec![Vec::new(); n];
     let mut share_at = Instant::ZERO;
+    // The largest queueing delay a data packet met since the shares were last computed.
+    let mut queue_delay: Option<u64> = None;
     let mut now = Instant::ZERO;
     let mut buf = vec![0u8; 8192];
     let limit = Instant::from_nanos(1_000_000_000); // 1 s of virtual time
@@ -382,6 +402,9 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
         // The receiver's fair shares, once per microsecond.
         if cfg.hint && now >= share_at {
             share_at = now + 1_000;
+            if let Some(q) = queue_delay.take() {
+                fair.set_queue_delay(q);
+            }
             fair.expire(now);
             for (i, r) in receivers.iter_mut().enumerate() {
                 r.conn.set_rate_hint(fair.share(i as u32).unwrap_or(0));
@@ -428,6 +451,10 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
                         if let Delivery::Place { len, .. } = delivery {
                             if cfg.hint {
                                 let _ = fair.heard(x.i as u32, u32::MAX, now);
+                                // The largest of the period: a path whose least delay was
+                                // learnt behind a queue reads low.
+                                let q = u64::from(r.conn.rate_status().queue_delay_ns);
+                                queue_delay = Some(queue_delay.map_or(q, |d: u64| d.max(q)));
                             }
                             let slot = (now.as_nanos() / base_rtt.max(1)) as usize;
                             let v = &mut delivered[x.i];

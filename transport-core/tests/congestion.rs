@@ -329,6 +329,31 @@ fn a_cnp_flood_cuts_once_per_interval_and_keeps_nothing() {
 }
 
 #[test]
+fn what_left_before_the_first_hint_is_paid_for_at_it() {
+    // The Write starts before any hint: the first window leaves at once. The first ACK brings
+    // 1000 Mb/s, and the whole Write then takes its time at that rate, the first window included
+    // (without that it finishes a window's worth early, and an incast's first round stays in the
+    // queue).
+    let mut p = pair_with(transport_core::rate::Algorithm::MetaRoce);
+    p.b.conn.set_rate_hint(1_000);
+    let start = p.now;
+    transfer(&mut p, 1);
+    assert_eq!(p.a.conn.rate_status().rate_mbps, 1_000);
+    let took = p.now.since(start);
+    let window = u64::from(p.a.conn.config().window_per_path) * 4 * 1100;
+    let bytes = u64::from(LEN) * 1100 / 1024;
+    let at_rate = bytes * 8; // ns at 1000 Mb/s
+    assert!(
+        window * 8 > at_rate / 20,
+        "the first window is a visible share of the Write"
+    );
+    assert!(
+        took >= at_rate * 97 / 100 && took <= at_rate * 12 / 10,
+        "took {took} ns, {at_rate} ns at the hinted rate (a window of {window} bytes)"
+    );
+}
+
+#[test]
 fn a_metaroce_sender_paces_to_the_receivers_hint() {
     // B's hint: 1000 Mb/s. A Write of 512 KiB in packets of 1024 bytes (about 1100 bytes each on
     // the wire) then takes about 4.6 ms instead of the few hundred microseconds of an unpaced one.

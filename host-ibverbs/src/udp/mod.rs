@@ -245,6 +245,9 @@ impl Context {
             engine.fair = Some(transport_core::rate::FairShare::new(
                 cfg.line_rate_mbps,
                 engine::SHARE_IDLE_NS,
+                // The largest payload a connection may use: the longest gap a paced sender
+                // leaves between its packets.
+                4096,
             ));
         }
         Ok(Context {

@@ -62,7 +62,7 @@ pub use crc::compute_icrc;
 pub use runner::{Applied, FlatMemory, Memory};
 
 use crate::icrc;
-use crate::rate::{AckReport, RateControl};
+use crate::rate::{AckReport, QueueDelay, RateControl};
 use crate::wire::metaroce::{
     MrAckRepr, MrDataRepr, MrNackRepr, MrProbeRepr, MrRemoteRepr, NackReason, PiggyAck, SACK_BITS,
 };
@@ -89,6 +89,9 @@ const NACK_QUEUE: usize = 16;
 /// Fatal refusals a responder holds until the requester confirms them; while all are taken, a
 /// packet that would be refused is not accepted (the requester sends it again later).
 const REFUSALS: usize = 8;
+/// The window over which a path's least one-way delay is kept, ns: short enough that the clocks'
+/// drift does not pass for a queue (see `crate::rate::QueueDelay`).
+const OWD_WINDOW_NS: u64 = 10_000_000;
 
 use config::*;
 use crc::*;
@@ -169,6 +172,9 @@ pub struct Connection<
     rate: RateControl<P>,
     /// The fair share this end's ACKs give the peer, Mb/s (0: none): the runner's to set.
     hint_out: u32,
+    /// The queueing delay the last new data packet met, ns (its path's one-way delay above the
+    /// path's least recent one): the runner's drain input (`crate::rate::Drain`).
+    queue_delay: u32,
     /// When a paced connection may send its next data packet (held back until then).
     pace_at: Option<Instant>,
     /// When a datagram of this connection last passed the checks (from any path).
@@ -225,6 +231,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             ece: false,
             ts: 0,
             ts_at: Instant::ZERO,
+            owd: QueueDelay::new(OWD_WINDOW_NS),
             probe_reply: None,
             peer_port: None,
         };
@@ -272,6 +279,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             icrc_rx: IcrcPrefixes::default(),
             rate: RateControl::new(cfg.cc, cfg.window_per_path),
             hint_out: 0,
+            queue_delay: 0,
             pace_at: None,
             last_heard: Instant::ZERO,
             cfg,
@@ -313,6 +321,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             connection_window: self.rate.connection_window(),
             hint_received_mbps: self.rate.hint_mbps(),
             hint_sent_mbps: self.hint_out,
+            queue_delay_ns: self.queue_delay,
         }
     }
 

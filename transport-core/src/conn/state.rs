@@ -264,6 +264,8 @@ pub(super) struct RxPath {
     pub(super) ece: bool,
     pub(super) ts: u32,
     pub(super) ts_at: Instant,
+    /// One-way delays of the path's data: the queueing they met.
+    pub(super) owd: QueueDelay,
     pub(super) probe_reply: Option<(u32, u32)>,
     /// The UDP source port the peer's path sends from, learned from what it sent that passed
     /// every check (see [`Connection::handle_datagram`]); its ACKs, NACKs and probe replies for

@@ -1,6 +1,7 @@
 //! Timers: retransmission timeouts per path, probes, and what a stalled host restarts.
 
 use super::*;
+use crate::rate::serialisation_ns;
 
 /// The connection's timers, by what they wait for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +36,20 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         } else {
             self.cfg.rto_high
         };
-        base.max(p.srtt + 4 * p.rttvar)
+        base.max(p.srtt + 4 * p.rttvar).max(self.drain_ns().saturating_add(base))
+    }
+
+    /// How long what the connection has in flight takes to leave at its rate (0 when the rate
+    /// is not limited): a paced sender's last packet reaches the peer only after the rest, so a
+    /// queue that holds the connection's packets at its share (an incast's, before the first
+    /// hint paced it) must not pass for loss.
+    fn drain_ns(&self) -> u64 {
+        let rate = self.rate.rate_mbps();
+        if rate == 0 {
+            return 0;
+        }
+        let packets = u64::from(psn_diff(self.nxt, self.una).max(0) as u32);
+        serialisation_ns(packets * (u64::from(self.cfg.mtu) + 64), rate)
     }
 
     /// When path `i`'s retransmission timer fires: its oldest unresolved transmission (or the

@@ -49,10 +49,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if self.rate.paced() {
             return self.transmit_paced(now, buf);
         }
-        if let Some(t) = self.transmit_retx(now, buf) {
-            return Some(t);
-        }
-        self.transmit_new(now, buf)
+        let t = match self.transmit_retx(now, buf) {
+            Some(t) => t,
+            None => self.transmit_new(now, buf)?,
+        };
+        self.rate.on_departure(now, t.len as u64, PACE_BURST);
+        Some(t)
     }
 
     /// The data of a rate-limited connection (a rate controller, or the receiver's hint): held

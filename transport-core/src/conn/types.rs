@@ -174,6 +174,10 @@ pub struct RateStatus {
     pub hint_received_mbps: u32,
     /// The rate hint this end's ACKs carry, Mb/s (0: none).
     pub hint_sent_mbps: u32,
+    /// The queueing delay the last new data packet met on its way here, ns: its one-way delay
+    /// (this end's clock less the sender's timestamp) above the least of its path's recent ones
+    /// ([`crate::rate::QueueDelay`]).
+    pub queue_delay_ns: u32,
 }
 
 /// What the runner does with an arrived datagram.

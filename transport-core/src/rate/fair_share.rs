@@ -3,6 +3,7 @@
 //!
 //! Units: rates in Mb/s, time in ns. Bounded: at most `N` senders are tracked at once.
 
+use crate::rate::serialisation_ns;
 use crate::time::Instant;
 
 use heapless::Vec;
@@ -32,24 +33,84 @@ impl core::fmt::Display for FairShareError {
 
 impl core::error::Error for FairShareError {}
 
+/// A sender is quiet once it has been silent for this many of its packet gaps at its share (a
+/// sender paced at its share sends one packet per gap; one held by its window sends a window's
+/// packets together and then waits: at four gaps, 64 senders held by windows of a few packets
+/// behind a queue were dropped between their bursts and the others given more than the line).
+pub const QUIET_GAPS: u64 = 8;
+
 /// The fair shares of up to `N` senders into one receiver of `capacity_mbps`.
 #[derive(Debug, Clone)]
 pub struct FairShare<const N: usize> {
     capacity_mbps: u32,
-    /// A sender not heard from for this long gives its share back. ns.
+    /// A sender not heard from for this long (or [`QUIET_GAPS`] of its packet gaps, if longer)
+    /// gives its share back. ns.
     idle_ns: u64,
+    /// The senders' packet size, bytes (their gaps at a share).
+    packet_bytes: u32,
+    drain: Option<Drain>,
+    /// The queueing delay the receiver's data last met, ns (see [`Drain`]).
+    queue_ns: u64,
     senders: Vec<Sender, N>,
 }
 
+/// Draining the queue in front of the receiver: while its data meets more than `target_ns` of
+/// queueing delay, the capacity shared out falls below the line in proportion,
+/// `capacity (1 - (q - target) / horizon)`, down to [`DRAIN_FLOOR`] of it, so that the senders
+/// together send less than the line drains and the queue empties in about `horizon_ns`. Shares
+/// at exactly the line would hold any queue the senders built before their first hint (an
+/// incast's first round trip) for as long as they send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Drain {
+    /// Queueing delay left alone, ns.
+    pub target_ns: u64,
+    /// The time the queue above the target takes to drain, ns (at least 1).
+    pub horizon_ns: u64,
+    /// The least share of the line it leaves, 1/1024 (at most 1024).
+    pub floor: u16,
+}
+
 impl<const N: usize> FairShare<N> {
-    /// A receiver of `capacity_mbps` (its configured line rate) that forgets a sender after
-    /// `idle_ns` without hearing from it (a few RTTs).
-    pub const fn new(capacity_mbps: u32, idle_ns: u64) -> Self {
+    /// A receiver of `capacity_mbps` (its configured line rate) whose senders send packets of
+    /// `packet_bytes`. It forgets a sender silent for `idle_ns` (a few RTTs) or for
+    /// [`QUIET_GAPS`] packets at its share, whichever is longer: a sender paced at a small share
+    /// is silent between its packets for longer than a round trip, and one that stopped gives
+    /// its share back after a few of those gaps, not after a fixed time sized for the smallest
+    /// share.
+    pub const fn new(capacity_mbps: u32, idle_ns: u64, packet_bytes: u32) -> Self {
         FairShare {
             capacity_mbps,
             idle_ns,
+            packet_bytes,
+            drain: None,
+            queue_ns: 0,
             senders: Vec::new(),
         }
+    }
+
+    /// The same receiver, draining the queue in front of it ([`Drain`]).
+    pub const fn with_drain(mut self, drain: Drain) -> Self {
+        self.drain = Some(drain);
+        self
+    }
+
+    /// The queueing delay the receiver's data met lately, ns (a one-way delay above its least,
+    /// [`crate::rate::QueueDelay`]): the drain's input.
+    pub fn set_queue_delay(&mut self, ns: u64) {
+        self.queue_ns = ns;
+    }
+
+    /// The capacity shared out now, Mb/s: the line, less the drain's cut.
+    pub fn capacity_now_mbps(&self) -> u32 {
+        let c = u64::from(self.capacity_mbps);
+        let Some(d) = self.drain else {
+            return self.capacity_mbps;
+        };
+        let over = self.queue_ns.saturating_sub(d.target_ns);
+        let cut = over.saturating_mul(1024) / d.horizon_ns.max(1);
+        let frac = 1024u64.saturating_sub(cut).max(u64::from(d.floor.min(1024)));
+        (c * frac / 1024) as u32
     }
 
     /// Senders tracked.
@@ -80,10 +141,24 @@ impl<const N: usize> FairShare<N> {
             .map_err(|_| FairShareError::Full)
     }
 
-    /// Forgets the senders not heard from within `idle_ns` of `now`.
+    /// Forgets the senders silent since before `now` less `idle_ns` or [`QUIET_GAPS`] of their
+    /// packet gaps at their share, whichever is longer.
     pub fn expire(&mut self, now: Instant) {
-        let idle = self.idle_ns;
-        self.senders.retain(|s| now.since(s.last_seen) <= idle);
+        let level = self.level_mbps();
+        let (idle, packet) = (self.idle_ns, u64::from(self.packet_bytes));
+        self.senders.retain(|s| {
+            let share = s.demand_mbps.min(level);
+            // A sender with no share (a zero demand) is kept for `idle_ns` only.
+            let gaps = QUIET_GAPS.saturating_mul(serialisation_ns(packet, share));
+            now.since(s.last_seen) <= idle.max(gaps)
+        });
+    }
+
+    /// The water level over the tracked senders, Mb/s: every sender's share is the lesser of
+    /// its demand and this (`u32::MAX` while every demand is met).
+    pub fn level_mbps(&self) -> u32 {
+        water_level(self.capacity_now_mbps(), self.senders.iter().map(|s| s.demand_mbps))
+            .map_or(u32::MAX, |l| l.min(u64::from(u32::MAX)) as u32)
     }
 
     /// Sender `id`'s share, Mb/s: max-min fairness over every tracked sender's demand (a sender
@@ -91,11 +166,7 @@ impl<const N: usize> FairShare<N> {
     /// others). None for a sender not tracked.
     pub fn share(&self, id: u32) -> Option<u32> {
         let me = self.senders.iter().find(|s| s.id == id)?;
-        Some(max_min_share(
-            self.capacity_mbps,
-            self.senders.iter().map(|s| s.demand_mbps),
-            me.demand_mbps,
-        ))
+        Some(me.demand_mbps.min(self.level_mbps()))
     }
 }
 
@@ -103,28 +174,31 @@ impl<const N: usize> FairShare<N> {
 /// capacity: the water level L such that sum(min(d, L)) = capacity (or every demand met), then
 /// min(mine, L). Integer arithmetic; no allocation.
 pub fn max_min_share(capacity: u32, demands: impl Iterator<Item = u32> + Clone, mine: u32) -> u32 {
-    // Water-filling without sorting: raise the level to each demand in increasing order of
-    // demand, found by scanning for the next larger one.
-    let n = demands.clone().count() as u64;
-    if n == 0 {
+    if demands.clone().next().is_none() {
         return 0;
     }
+    match water_level(capacity, demands) {
+        Some(level) => u64::from(mine).min(level) as u32,
+        None => mine,
+    }
+}
+
+/// The water level L of `capacity` over `demands`: sum(min(d, L)) = capacity; None when the
+/// capacity meets every demand (or there is none).
+fn water_level(capacity: u32, demands: impl Iterator<Item = u32> + Clone) -> Option<u64> {
+    // Water-filling without sorting: raise the level to each demand in increasing order of
+    // demand, found by scanning for the next larger one.
     let mut left = u64::from(capacity);
     let mut level = 0u64;
     loop {
         // The next demand above the current level, and how many senders still want more than
         // the level (a demand of 0 is met before the first step).
-        let next = demands.clone().map(u64::from).filter(|&d| d > level).min();
-        let Some(next) = next else {
-            // Every demand met.
-            return mine;
-        };
+        let next = demands.clone().map(u64::from).filter(|&d| d > level).min()?;
         let above = demands.clone().filter(|&d| u64::from(d) > level).count() as u64;
         // Raising everyone above the level to `next` costs (next - level) each.
         let cost = (next - level) * above;
         if cost > left {
-            level += left / above;
-            return u64::from(mine).min(level) as u32;
+            return Some(level + left / above);
         }
         left -= cost;
         level = next;
@@ -155,7 +229,7 @@ mod tests {
 
     #[test]
     fn a_new_sender_gets_its_share_at_once_and_a_quiet_one_gives_it_back() {
-        let mut f: FairShare<8> = FairShare::new(100_000, 50_000);
+        let mut f: FairShare<8> = FairShare::new(100_000, 50_000, 4096);
         f.heard(1, u32::MAX, at(0)).unwrap();
         assert_eq!(f.share(1), Some(100_000));
         f.heard(2, u32::MAX, at(10_000)).unwrap();
@@ -168,8 +242,48 @@ mod tests {
     }
 
     #[test]
+    fn a_queue_in_front_drains() {
+        // 100 Gb/s, 4 senders; a target of 2 us and a horizon of 40 us.
+        let mut f: FairShare<8> = FairShare::new(100_000, 50_000, 4096).with_drain(Drain {
+            target_ns: 2_000,
+            horizon_ns: 40_000,
+            floor: 128,
+        });
+        for id in 0..4 {
+            f.heard(id, u32::MAX, at(0)).unwrap();
+        }
+        assert_eq!(f.share(0), Some(25_000));
+        // At the target: the whole line.
+        f.set_queue_delay(2_000);
+        assert_eq!(f.share(0), Some(25_000));
+        // 10 us above it: 1 - 10/40 of the line, 1024 - 256 = 768/1024 = 75 Gb/s, 18.75 each.
+        f.set_queue_delay(12_000);
+        assert_eq!(f.capacity_now_mbps(), 75_000);
+        assert_eq!(f.share(0), Some(18_750));
+        // Far above: never below an eighth of the line.
+        f.set_queue_delay(1_000_000);
+        assert_eq!(f.capacity_now_mbps(), 12_500);
+        assert_eq!(f.share(3), Some(3_125));
+    }
+
+    #[test]
+    fn a_paced_sender_is_not_forgotten_between_its_packets() {
+        // 64 senders on 100 Gb/s: 1562 Mb/s each, a 4 KiB packet every 21 us; a floor of 20 us.
+        let mut f: FairShare<64> = FairShare::new(100_000, 20_000, 4096);
+        for id in 0..64 {
+            f.heard(id, u32::MAX, at(0)).unwrap();
+        }
+        // Silent for 160 us (under eight gaps of 20.98 us): all still there.
+        f.expire(at(160_000));
+        assert_eq!(f.len(), 64);
+        // Silent for eight gaps and more: gone.
+        f.expire(at(168_000));
+        assert_eq!(f.len(), 0);
+    }
+
+    #[test]
     fn the_table_is_bounded() {
-        let mut f: FairShare<2> = FairShare::new(1_000, 1_000_000);
+        let mut f: FairShare<2> = FairShare::new(1_000, 1_000_000, 4096);
         f.heard(1, 10, at(0)).unwrap();
         f.heard(2, 10, at(0)).unwrap();
         assert_eq!(f.heard(3, 10, at(0)), Err(FairShareError::Full));

@@ -14,6 +14,7 @@ mod aimd;
 mod dcqcn;
 mod fair_share;
 mod pacer;
+mod queue_delay;
 mod swift;
 mod timely;
 
@@ -21,7 +22,8 @@ pub use crate::path::PathId;
 pub use crate::time::Instant;
 pub use aimd::{ConnAimd, PathAimd, CONN_ALPHA_ONE};
 pub use dcqcn::{CnpGate, Dcqcn, DcqcnParams, ALPHA_ONE};
-pub use fair_share::{max_min_share, FairShare, FairShareError};
+pub use fair_share::{max_min_share, Drain, FairShare, FairShareError, QUIET_GAPS};
+pub use queue_delay::QueueDelay;
 pub use pacer::{serialisation_ns, Pacer};
 pub use swift::{Swift, SwiftParams};
 pub use timely::{Timely, TimelyParams};
@@ -103,6 +105,9 @@ pub struct RateControl<const P: usize> {
     rate: RateState,
     /// The last rate hint an ACK carried, Mb/s (0: none).
     hint_mbps: u32,
+    /// MetaRoCE before its first hint: since when it has sent unpaced, and how many bytes (the
+    /// pacer books them at the first hint).
+    unpaced: Option<(Instant, u64)>,
     pacer: Pacer,
 }
 
@@ -124,6 +129,7 @@ impl<const P: usize> RateControl<P> {
             conn: ConnAimd::new(Self::conn_max(max_window)),
             rate,
             hint_mbps: 0,
+            unpaced: None,
             pacer: Pacer::default(),
         }
     }
@@ -149,7 +155,17 @@ impl<const P: usize> RateControl<P> {
     /// An ACK of path `path`. Returns which windows it cut.
     pub fn on_ack(&mut self, path: PathId, ack: AckReport) -> Cuts {
         let max = self.max_window;
-        if ack.hint_mbps != 0 {
+        if ack.hint_mbps == 0 {
+            // A peer that gives no hint: nothing sent so far is owed to a later one.
+            self.unpaced = None;
+        } else {
+            if self.hint_mbps == 0 && self.algorithm == Algorithm::MetaRoce {
+                // The first hint: what left since the last ACK without one (the first window)
+                // is paid for at the hint before more leaves.
+                if let Some((since, bytes)) = self.unpaced.take() {
+                    self.pacer.owe(since, bytes, ack.hint_mbps);
+                }
+            }
             self.hint_mbps = ack.hint_mbps;
         }
         let mut cuts = Cuts::default();
@@ -302,10 +318,13 @@ impl<const P: usize> RateControl<P> {
     }
 
     /// A data packet of `bytes` left at `now`: the pacer books it (at a limited rate) and DCQCN's
-    /// byte counter counts it.
+    /// byte counter counts it. MetaRoCE before its first hint counts it to book at the hint.
     #[inline]
     pub fn on_departure(&mut self, now: Instant, bytes: u64, burst_bytes: u64) {
         if !self.paced() {
+            if self.algorithm == Algorithm::MetaRoce {
+                self.unpaced.get_or_insert((now, 0)).1 += bytes;
+            }
             return;
         }
         let rate = self.rate_mbps();

@@ -37,6 +37,16 @@ impl Pacer {
         start.max(now)
     }
 
+    /// `bytes` left from `since` on before the rate was known: the pacer books them at
+    /// `rate_mbps` from `since`, so that what the sender sent early is paid for before it sends
+    /// more (a sender that learns its share after its first window has sent that window already,
+    /// and the queue holds what it sent beyond the share).
+    pub fn owe(&mut self, since: Instant, bytes: u64, rate_mbps: u32) {
+        self.next_free = self
+            .next_free
+            .max(since + serialisation_ns(bytes, rate_mbps));
+    }
+
     /// When the next packet may leave (the pacer books nothing).
     pub const fn next_free(&self) -> Instant {
         self.next_free
@@ -70,6 +80,18 @@ mod tests {
         let c = p.depart(t, 4096, 10_000, 8192);
         assert_eq!((a, b), (t, t));
         assert_eq!(c, t + 3_277);
+    }
+
+    #[test]
+    fn what_left_before_the_rate_is_paid_for() {
+        // Ten 4096-byte packets left from 1 ms on, unpaced; then the rate became 10 Gb/s: they
+        // take 32768 ns at it, so the next may leave at 1.032768 ms, not at once.
+        let mut p = Pacer::default();
+        p.owe(at(1_000_000), 40_960, 10_000);
+        assert_eq!(p.depart(at(1_010_000), 4096, 10_000, 0), at(1_032_768));
+        // Owing less than what is booked changes nothing.
+        p.owe(at(0), 4096, 10_000);
+        assert_eq!(p.next_free(), at(1_036_045));
     }
 
     #[test]
