@@ -36,7 +36,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         } else {
             self.cfg.rto_high
         };
-        base.max(p.srtt + 4 * p.rttvar).max(self.drain_ns().saturating_add(base))
+        base.max(p.srtt + 4 * p.rttvar)
+            .max(self.drain_ns().saturating_add(base))
     }
 
     /// How long what the connection has in flight takes to leave at its rate (0 when the rate

@@ -109,7 +109,9 @@ impl<const N: usize> FairShare<N> {
         };
         let over = self.queue_ns.saturating_sub(d.target_ns);
         let cut = over.saturating_mul(1024) / d.horizon_ns.max(1);
-        let frac = 1024u64.saturating_sub(cut).max(u64::from(d.floor.min(1024)));
+        let frac = 1024u64
+            .saturating_sub(cut)
+            .max(u64::from(d.floor.min(1024)));
         (c * frac / 1024) as u32
     }
 
@@ -157,8 +159,11 @@ impl<const N: usize> FairShare<N> {
     /// The water level over the tracked senders, Mb/s: every sender's share is the lesser of
     /// its demand and this (`u32::MAX` while every demand is met).
     pub fn level_mbps(&self) -> u32 {
-        water_level(self.capacity_now_mbps(), self.senders.iter().map(|s| s.demand_mbps))
-            .map_or(u32::MAX, |l| l.min(u64::from(u32::MAX)) as u32)
+        water_level(
+            self.capacity_now_mbps(),
+            self.senders.iter().map(|s| s.demand_mbps),
+        )
+        .map_or(u32::MAX, |l| l.min(u64::from(u32::MAX)) as u32)
     }
 
     /// Sender `id`'s share, Mb/s: max-min fairness over every tracked sender's demand (a sender
@@ -193,7 +198,11 @@ fn water_level(capacity: u32, demands: impl Iterator<Item = u32> + Clone) -> Opt
     loop {
         // The next demand above the current level, and how many senders still want more than
         // the level (a demand of 0 is met before the first step).
-        let next = demands.clone().map(u64::from).filter(|&d| d > level).min()?;
+        let next = demands
+            .clone()
+            .map(u64::from)
+            .filter(|&d| d > level)
+            .min()?;
         let above = demands.clone().filter(|&d| u64::from(d) > level).count() as u64;
         // Raising everyone above the level to `next` costs (next - level) each.
         let cost = (next - level) * above;

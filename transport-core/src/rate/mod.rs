@@ -23,8 +23,8 @@ pub use crate::time::Instant;
 pub use aimd::{ConnAimd, PathAimd, CONN_ALPHA_ONE};
 pub use dcqcn::{CnpGate, Dcqcn, DcqcnParams, ALPHA_ONE};
 pub use fair_share::{max_min_share, Drain, FairShare, FairShareError, QUIET_GAPS};
-pub use queue_delay::QueueDelay;
 pub use pacer::{serialisation_ns, Pacer};
+pub use queue_delay::QueueDelay;
 pub use swift::{Swift, SwiftParams};
 pub use timely::{Timely, TimelyParams};
 
