@@ -44,7 +44,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// is not limited): a paced sender's last packet reaches the peer only after the rest, so a
     /// queue that holds the connection's packets at its share (an incast's, before the first
     /// hint paced it) must not pass for loss.
+    #[inline]
     fn drain_ns(&self) -> u64 {
+        if !self.rate.paced() {
+            return 0;
+        }
         let rate = self.rate.rate_mbps();
         if rate == 0 {
             return 0;

@@ -322,7 +322,7 @@ impl<const P: usize> RateControl<P> {
     #[inline]
     pub fn on_departure(&mut self, now: Instant, bytes: u64, burst_bytes: u64) {
         if !self.paced() {
-            if self.algorithm == Algorithm::MetaRoce {
+            if matches!(self.algorithm, Algorithm::MetaRoce) {
                 self.unpaced.get_or_insert((now, 0)).1 += bytes;
             }
             return;
