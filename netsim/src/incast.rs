@@ -450,7 +450,7 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
                     if let Ok(delivery) = d {
                         if let Delivery::Place { len, .. } = delivery {
                             if cfg.hint {
-                                let _ = fair.heard(x.i as u32, u32::MAX, now);
+                                let _ = fair.received(x.i as u32, len as u64, now);
                                 // The largest of the period: a path whose least delay was
                                 // learnt behind a queue reads low.
                                 let q = u64::from(r.conn.rate_status().queue_delay_ns);

@@ -5,8 +5,8 @@
 
 use proptest::prelude::*;
 use transport_core::rate::{
-    max_min_share, serialisation_ns, AckReport, Dcqcn, DcqcnParams, Instant, Pacer, PathAimd,
-    Swift, SwiftParams, Timely, TimelyParams, ONE_PACKET,
+    max_min_share, serialisation_ns, AckReport, Dcqcn, DcqcnParams, Drain, FairShare, Instant,
+    Pacer, PathAimd, Swift, SwiftParams, Timely, TimelyParams, ONE_PACKET,
 };
 
 /// Max-min by the textbook: repeatedly give every unsatisfied sender an equal split of what is
@@ -60,6 +60,32 @@ proptest! {
             prop_assert!((f64::from(got) - want[i]).abs() <= 1.0, "{} against {}", got, want[i]);
         }
         prop_assert!(total <= u64::from(capacity), "never more than the capacity");
+    }
+
+    #[test]
+    fn measured_demands_never_share_out_more_than_the_line(
+        capacity in 1u32..400_000,
+        // (sender, bytes, ns later), any order, silences and bursts alike.
+        arrivals in prop::collection::vec((0u32..12, 0u64..1 << 24, 0u64..200_000), 1..300),
+        drain in any::<bool>(),
+        queue in 0u64..10_000_000,
+    ) {
+        let mut f: FairShare<8> = FairShare::new(capacity, 50_000, 4096);
+        if drain {
+            f = f.with_drain(Drain { target_ns: 1_000, horizon_ns: 100_000, floor: 128 });
+        }
+        let mut now = Instant::ZERO;
+        for (id, bytes, dt) in arrivals {
+            now += dt;
+            let taken = f.received(id, bytes, now).is_ok();
+            f.set_queue_delay(queue);
+            prop_assert!(f.len() <= 8);
+            if taken {
+                prop_assert!(f.share(id).is_some(), "a sender just heard has a share");
+            }
+            let total: u64 = (0..12).filter_map(|i| f.share(i)).map(u64::from).sum();
+            prop_assert!(total <= u64::from(capacity), "{} shared out of {}", total, capacity);
+        }
     }
 
     #[test]

@@ -479,14 +479,12 @@ fn metaroce_senders_pace_to_the_receivers_fair_share() {
         );
     }
     // The client's report shows each connection's controller as the phase left it: the hint it
-    // was last given (1000 Mb/s shared among the 4, 3, 2 or 1 still sending), the rate it paced
-    // at (the hint), its connection window and its eight paths' windows.
+    // was last given (1000 Mb/s shared among the 4, 3, 2 or 1 still sending, less what a sender
+    // measured below its share leaves to the others: a demand estimate), the rate it paced at
+    // (the hint), its connection window and its eight paths' windows.
     assert_eq!(r.connections.len(), 4);
     for c in &r.connections {
-        assert!(
-            [250, 333, 500, 1000].contains(&c.hint_received_mbps),
-            "{c:?}"
-        );
+        assert!((1..=1000).contains(&c.hint_received_mbps), "{c:?}");
         assert_eq!(c.rate_mbps, c.hint_received_mbps, "{c:?}");
         assert!(c.connection_window > 0, "{c:?}");
         assert_eq!(c.path_windows.len(), 8, "{c:?}");

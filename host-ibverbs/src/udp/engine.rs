@@ -109,6 +109,8 @@ pub(crate) struct QpState {
     pub pending: Requests,
     /// When data for this queue pair last arrived (its sender counts in the fair share).
     pub data_at: Option<Instant>,
+    /// Data bytes that arrived since the fair shares were last computed (its sender's demand).
+    pub data_bytes: u64,
 }
 
 /// How often the receiver's fair shares are computed again. ns.
@@ -361,17 +363,18 @@ impl Engine {
     }
 
     /// The receiver's fair share: every connection that delivered data within
-    /// [`SHARE_IDLE_NS`] counts as a sender wanting all it can get (its demand is what it would
-    /// send unpaced), and each connection's ACKs carry its max-min share of the line rate.
+    /// [`SHARE_IDLE_NS`] counts as a sender, with a demand measured from the bytes it delivers
+    /// (`FairShare::received`), and each connection's ACKs carry its max-min share of the line
+    /// rate.
     fn share(&mut self, now: Instant) {
         self.share_at = now + SHARE_PERIOD_NS;
         let Some(fair) = self.fair.as_mut() else {
             return;
         };
-        for (qpn, qp) in self.qps.iter() {
+        for (qpn, qp) in self.qps.iter_mut() {
             if let Some(at) = qp.data_at {
                 // A full table leaves the newcomer without a hint until a slot frees.
-                let _ = fair.heard(*qpn, u32::MAX, at);
+                let _ = fair.received(*qpn, core::mem::take(&mut qp.data_bytes), at);
             }
         }
         fair.expire(now);

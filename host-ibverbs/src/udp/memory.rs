@@ -148,6 +148,7 @@ impl ProtectionDomain {
                     peer: None,
                     pending: engine::Requests::default(),
                     data_at: None,
+                    data_bytes: 0,
                 },
             )
         });

@@ -15,6 +15,9 @@ struct Sender {
     id: u32,
     demand_mbps: u32,
     last_seen: Instant,
+    /// The demand's measurement ([`FairShare::received`]): bytes since `since`.
+    since: Instant,
+    bytes: u64,
 }
 
 /// Why a sender was not taken in.
@@ -38,6 +41,11 @@ impl core::error::Error for FairShareError {}
 /// packets together and then waits: at four gaps, 64 senders held by windows of a few packets
 /// behind a queue were dropped between their bursts and the others given more than the line).
 pub const QUIET_GAPS: u64 = 8;
+
+/// A sender that sends at least this share of its share (7/8) is held back by it.
+pub const HELD: (u64, u64) = (7, 8);
+/// A sender held back by its application wants what it sends and this much more (1/4).
+pub const GROWTH: (u64, u64) = (1, 4);
 
 /// The fair shares of up to `N` senders into one receiver of `capacity_mbps`.
 #[derive(Debug, Clone)]
@@ -139,8 +147,53 @@ impl<const N: usize> FairShare<N> {
                 id,
                 demand_mbps,
                 last_seen: now,
+                since: now,
+                bytes: 0,
             })
             .map_err(|_| FairShareError::Full)
+    }
+
+    /// `bytes` of sender `id`'s data arrived by `now` (since its last call): its demand is
+    /// estimated from what it sends. A new sender wants all it can get and has its share at
+    /// once. Then, over each interval of at least `idle_ns` or [`QUIET_GAPS`] of its packet gaps
+    /// at its share: a sender that sent at least [`HELD`] of its share is held back by it and
+    /// wants more than it was given (unbounded); one that sent less wants what it sent and
+    /// [`GROWTH`] more, so that a sender the application holds back leaves the rest of the
+    /// line to the others and still finds room to grow (a full share once it uses what it has).
+    pub fn received(&mut self, id: u32, bytes: u64, now: Instant) -> Result<(), FairShareError> {
+        self.expire(now);
+        let level = self.level_mbps();
+        let (idle, packet) = (self.idle_ns, u64::from(self.packet_bytes));
+        let Some(s) = self.senders.iter_mut().find(|s| s.id == id) else {
+            return self
+                .senders
+                .push(Sender {
+                    id,
+                    demand_mbps: u32::MAX,
+                    last_seen: now,
+                    since: now,
+                    bytes,
+                })
+                .map_err(|_| FairShareError::Full);
+        };
+        s.last_seen = now;
+        s.bytes = s.bytes.saturating_add(bytes);
+        let share = s.demand_mbps.min(level);
+        let interval = idle.max(QUIET_GAPS.saturating_mul(serialisation_ns(packet, share)));
+        let dt = now.since(s.since);
+        if dt >= interval.max(1) {
+            // bytes * 8 bits / dt ns is Gb/s; Mb/s is a thousand times that.
+            let rate = (u128::from(s.bytes) * 8_000 / u128::from(dt)).min(u128::from(u32::MAX));
+            let rate = rate as u64;
+            s.demand_mbps = if rate * HELD.1 >= u64::from(share) * HELD.0 {
+                u32::MAX
+            } else {
+                (rate + rate * GROWTH.0 / GROWTH.1).clamp(1, u64::from(u32::MAX - 1)) as u32
+            };
+            s.since = now;
+            s.bytes = 0;
+        }
+        Ok(())
     }
 
     /// Forgets the senders silent since before `now` less `idle_ns` or [`QUIET_GAPS`] of their
@@ -288,6 +341,39 @@ mod tests {
         // Silent for eight gaps and more: gone.
         f.expire(at(168_000));
         assert_eq!(f.len(), 0);
+    }
+
+    #[test]
+    fn a_sender_that_sends_less_than_its_share_leaves_the_rest_to_the_others() {
+        // 10 Gb/s shared by two senders, 1 KiB packets; intervals of at least 10 us. Sender 1
+        // sends 1 Gb/s (a 1 KiB packet every 8192 ns), sender 2 all its share allows.
+        let mut f: FairShare<4> = FairShare::new(10_000, 10_000, 1024);
+        f.received(1, 1024, at(0)).unwrap();
+        f.received(2, 1024, at(0)).unwrap();
+        // New: both want all they can get.
+        assert_eq!((f.share(1), f.share(2)), (Some(5_000), Some(5_000)));
+        // What a sender at `mbps` sends in 8192 ns.
+        let per_step = |mbps: u32| u64::from(mbps) * 8_192 / 8_000;
+        let mut t = 0;
+        for k in 1..=40u64 {
+            t = k * 8_192;
+            f.received(1, 1024, at(t)).unwrap();
+            // Sender 2 sends at its share, whatever it is.
+            f.received(2, per_step(f.share(2).unwrap()), at(t)).unwrap();
+        }
+        // Sender 1 wants about 1 Gb/s and a quarter more; sender 2 is held back: the rest.
+        let one = f.share(1).unwrap();
+        assert!((1_200..=1_300).contains(&one), "{one}");
+        assert_eq!(f.share(2), Some(10_000 - one));
+        // Sender 1 speeds up to what it was given: held back again, equal shares.
+        for k in 1..=40u64 {
+            let now = t + k * 8_192;
+            f.received(1, per_step(f.share(1).unwrap()), at(now))
+                .unwrap();
+            f.received(2, per_step(f.share(2).unwrap()), at(now))
+                .unwrap();
+        }
+        assert_eq!((f.share(1), f.share(2)), (Some(5_000), Some(5_000)));
     }
 
     #[test]

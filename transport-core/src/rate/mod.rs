@@ -22,7 +22,7 @@ pub use crate::path::PathId;
 pub use crate::time::Instant;
 pub use aimd::{ConnAimd, PathAimd, CONN_ALPHA_ONE};
 pub use dcqcn::{CnpGate, Dcqcn, DcqcnParams, ALPHA_ONE};
-pub use fair_share::{max_min_share, Drain, FairShare, FairShareError, QUIET_GAPS};
+pub use fair_share::{max_min_share, Drain, FairShare, FairShareError, GROWTH, HELD, QUIET_GAPS};
 pub use pacer::{serialisation_ns, Pacer};
 pub use queue_delay::QueueDelay;
 pub use swift::{Swift, SwiftParams};

@@ -135,8 +135,9 @@ impl Engine {
             Err(_) => conn.handle_datagram(now, src.port(), ce, d),
         };
         if let Ok(delivery) = handled {
-            if matches!(delivery, transport_core::conn::Delivery::Place { .. }) {
+            if let transport_core::conn::Delivery::Place { len, .. } = delivery {
                 qp.data_at = Some(now);
+                qp.data_bytes += len as u64;
             }
             if conn.apply(&mut self.mems, d, delivery) == Applied::OutOfMemory {
                 self.counters.rx_drop_bad_place += 1;
