@@ -44,7 +44,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if !duplicate {
             rx.ts = data.timestamp;
             rx.ts_at = now;
-            self.queue_delay = rx.owd.on_sample(now, data.timestamp);
+            if let Some(q) = rx.owd.on_sample(now, data.timestamp) {
+                self.queue_delay = q;
+            }
         }
         if marked {
             // DCQCN's notification point: a CNP back, at most one per interval.

@@ -47,8 +47,10 @@ impl QueueDelay {
     }
 
     /// A packet stamped `sent` by the sender's clock arrived at `now` by the receiver's: its
-    /// delay above the least recent sample, ns (0 for the least).
-    pub fn on_sample(&mut self, now: Instant, sent: u32) -> u32 {
+    /// delay above the least recent sample, ns (0 for the least); None for the path's first
+    /// sample, which has nothing to be compared with (it may have queued as long as any).
+    pub fn on_sample(&mut self, now: Instant, sent: u32) -> Option<u32> {
+        let first = self.current.is_none() && self.previous.is_none();
         let sample = now.wire_timestamp().wrapping_sub(sent);
         if self.current.is_none() || now.since(self.window_at) >= self.window_ns {
             self.previous = self.current;
@@ -59,7 +61,7 @@ impl QueueDelay {
         self.current = Some(current);
         let floor = least(self.previous, current);
         // A sample below the floor cannot be: the floor takes it above.
-        sample.wrapping_sub(floor).min(i32::MAX as u32)
+        (!first).then(|| sample.wrapping_sub(floor).min(i32::MAX as u32))
     }
 }
 
@@ -73,20 +75,20 @@ mod tests {
         // The sender's clock is 1 s behind: samples are 1 s plus the way.
         let mut q = QueueDelay::new(10_000_000);
         let behind = |t: u64| (t as u32).wrapping_sub(1_000_000_000);
-        assert_eq!(q.on_sample(at(5_000), behind(3_000)), 0);
+        assert_eq!(q.on_sample(at(5_000), behind(3_000)), None);
         // 2 us of way, then 7 us: 5 us queued.
-        assert_eq!(q.on_sample(at(20_000), behind(13_000)), 5_000);
+        assert_eq!(q.on_sample(at(20_000), behind(13_000)), Some(5_000));
         // A faster packet is the new floor.
-        assert_eq!(q.on_sample(at(30_000), behind(29_000)), 0);
-        assert_eq!(q.on_sample(at(40_000), behind(38_000)), 1_000);
+        assert_eq!(q.on_sample(at(30_000), behind(29_000)), Some(0));
+        assert_eq!(q.on_sample(at(40_000), behind(38_000)), Some(1_000));
     }
 
     #[test]
     fn the_clocks_wrap() {
         let mut q = QueueDelay::new(10_000_000);
         // The sender's stamp is just below 2^32, the receiver's just past it.
-        assert_eq!(q.on_sample(at(1 << 32), u32::MAX - 1_999), 0);
-        assert_eq!(q.on_sample(at((1 << 32) + 10_000), 2_000), 6_000);
+        assert_eq!(q.on_sample(at(1 << 32), u32::MAX - 1_999), None);
+        assert_eq!(q.on_sample(at((1 << 32) + 10_000), 2_000), Some(6_000));
     }
 
     #[test]
@@ -98,7 +100,7 @@ mod tests {
             let now = k * 1_000_000; // every ms, for 100 ms
             let sent = (now - 2_000) as u32;
             let drifted = now + now / 10_000;
-            worst = worst.max(q.on_sample(at(drifted), sent));
+            worst = worst.max(q.on_sample(at(drifted), sent).unwrap_or(0));
         }
         // Never more than two windows' drift (2 us), against 10 us kept from the first sample.
         assert!(worst <= 2_000, "{worst}");
