@@ -240,45 +240,6 @@ pub fn finish_split(p: &SplitPrefix, transport: &[u8], engine: Engine) -> u32 {
     }
 }
 
-/// [`finish_split`] over a transport in pieces (headers, a payload elsewhere in memory, the
-/// pad), as a runner that hands the kernel the payload where it lies has it: the same ICRC as
-/// over the pieces laid end to end.
-pub fn finish_split_parts(p: &SplitPrefix, parts: &[&[u8]], engine: Engine) -> u32 {
-    let total: usize = parts.iter().map(|x| x.len()).sum();
-    let t = usize::from(p.tail_len).min(16);
-    // The blocks that hold the BTH (and, for a short transport, all of it) go through one
-    // buffer, BTH byte 4 masked, as in `finish_split`.
-    let in_head = if total <= ONE_CALL {
-        total
-    } else {
-        (t + 12).next_multiple_of(16) - t
-    };
-    let mut head = [0u8; 16 + ONE_CALL];
-    head[..t].copy_from_slice(&p.tail[..t]);
-    let mut filled = 0;
-    let mut rest: [&[u8]; 4] = [&[]; 4];
-    let mut n = 0;
-    for part in parts {
-        let take = (in_head - filled).min(part.len());
-        head[t + filled..t + filled + take].copy_from_slice(&part[..take]);
-        filled += take;
-        if take < part.len() {
-            if let Some(slot) = rest.get_mut(n) {
-                *slot = &part[take..];
-                n += 1;
-            }
-        }
-    }
-    if in_head > 4 {
-        head[t + 4] = 0xff;
-    }
-    let mut crc = engine.update(p.crc, &head[..t + in_head]);
-    for r in &rest[..n] {
-        crc = engine.update(crc, r);
-    }
-    crc
-}
-
 /// The second half of [`compute`]: continues the CRC `prefix` (from [`prefix`]) over the
 /// transport bytes, BTH byte 4 masked, and returns the ICRC.
 pub fn finish(prefix: u32, transport: &[u8]) -> u32 {
@@ -292,35 +253,6 @@ pub fn finish(prefix: u32, transport: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_icrc_over_pieces_is_the_icrc_over_them_end_to_end() {
-        let ip = [
-            0x45u8, 0, 0, 100, 0, 0, 0x40, 0, 64, 17, 0, 0, 127, 0, 0, 1, 127, 0, 0, 1,
-        ];
-        let udp = [0xc0u8, 1, 0x12, 0xb7, 0, 108, 0, 0];
-        let data: [u8; 1200] = core::array::from_fn(|i| (i * 13 + 5) as u8);
-        for len in [12usize, 40, 100, 239, 240, 241, 300, 1100] {
-            let p = split_prefix(&ip, &udp, len);
-            let whole = finish_split(&p, &data[..len], Engine::BuiltIn);
-            assert_eq!(whole, finish(prefix(&ip, &udp), &data[..len]));
-            // Headers of 12 to 40 bytes, the payload, a pad of up to three.
-            for h in [12usize, 13, 28, 40] {
-                if h > len {
-                    continue;
-                }
-                for pad in 0..=3usize.min(len - h) {
-                    let (a, b) = data[..len].split_at(h);
-                    let (b, c) = b.split_at(b.len() - pad);
-                    assert_eq!(
-                        finish_split_parts(&p, &[a, b, c], Engine::BuiltIn),
-                        whole,
-                        "len {len} header {h} pad {pad}"
-                    );
-                }
-            }
-        }
-    }
 
     #[test]
     fn crc32_check_value() {

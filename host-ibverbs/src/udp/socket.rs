@@ -143,19 +143,6 @@ pub struct SendRun {
     pub segment: usize,
 }
 
-/// One message of [`UdpSocket::send_gather`]: a datagram, or a GSO run of datagrams of `segment`
-/// bytes (the last may be shorter), gathered from `iov` (the kernel joins the pieces, then cuts
-/// the run at `segment` whatever the pieces' bounds).
-#[derive(Debug, Clone, Copy)]
-pub struct GatherMsg<'a> {
-    /// The pieces, in order.
-    pub iov: &'a [std::io::IoSlice<'a>],
-    /// Bytes in all of them.
-    pub len: usize,
-    /// Datagram size (the last may be shorter); `len` or more for one datagram.
-    pub segment: usize,
-}
-
 /// What one received message held.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RecvMeta {
@@ -498,86 +485,6 @@ impl UdpSocket {
                     libc::CMSG_DATA(cmsg).cast::<u16>().write_unaligned(seg);
                 }
             }
-        }
-        // SAFETY: the first `n` headers are initialised above and describe live buffers for
-        // the duration of the call; MaybeUninit<T> has T's layout.
-        let sent = unsafe {
-            libc::sendmmsg(
-                self.fd.as_raw_fd(),
-                hdrs.as_mut_ptr().cast::<libc::mmsghdr>(),
-                n as _,
-                0,
-            )
-        };
-        if sent < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(sent as usize)
-    }
-
-    /// Sends several messages to `dst` in one call, each gathered from its pieces (`sendmsg` for
-    /// one, `sendmmsg` for more): the payload can leave from where it lies, without a copy in
-    /// user space. Returns how many messages the kernel took (it may take fewer than given).
-    pub fn send_gather(&self, dst: &SocketAddr, msgs: &[GatherMsg<'_>]) -> io::Result<usize> {
-        const MAX: usize = 64;
-        let n = msgs.len().min(MAX);
-        if n == 0 {
-            return Ok(0);
-        }
-        if msgs[..n]
-            .iter()
-            .any(|m| m.iov.len() > 1024 || m.iov.iter().map(|s| s.len()).sum::<usize>() != m.len)
-        {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "a message's pieces do not add up to its length (or are more than 1024)",
-            ));
-        }
-        let named = self.peer != Some(*dst);
-        let (mut storage, len) = to_raw(dst);
-        // SAFETY: CMSG_SPACE is a pure computation.
-        let space = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
-        assert!(space <= size_of::<[u64; 4]>());
-        let mut hdrs = [const { MaybeUninit::<libc::mmsghdr>::uninit() }; MAX];
-        let mut controls = [const { MaybeUninit::<[u64; 4]>::uninit() }; MAX];
-        for i in 0..n {
-            let m = msgs[i];
-            // SAFETY: all-zero is a valid mmsghdr.
-            let h = hdrs[i].write(unsafe { zeroed() });
-            if named {
-                h.msg_hdr.msg_name = (&mut storage as *mut libc::sockaddr_storage).cast();
-                h.msg_hdr.msg_namelen = len;
-            }
-            // IoSlice is ABI-compatible with iovec on Unix (its documented guarantee); the
-            // kernel only reads through the pointer, the cast to *mut is what the C type wants.
-            h.msg_hdr.msg_iov = m.iov.as_ptr() as *mut libc::iovec;
-            h.msg_hdr.msg_iovlen = m.iov.len() as _;
-            if m.segment > 0 && m.len > m.segment {
-                let seg = u16::try_from(m.segment).map_err(io::Error::other)?;
-                let control = controls[i].write([0u64; 4]);
-                h.msg_hdr.msg_control = control.as_mut_ptr().cast();
-                h.msg_hdr.msg_controllen = space as _;
-                // SAFETY: msg_control points at this message's own zeroed control buffer, large
-                // enough for one cmsg of a u16 (asserted above).
-                unsafe {
-                    let cmsg = libc::CMSG_FIRSTHDR(&h.msg_hdr);
-                    (*cmsg).cmsg_level = SOL_UDP;
-                    (*cmsg).cmsg_type = UDP_SEGMENT;
-                    (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
-                    libc::CMSG_DATA(cmsg).cast::<u16>().write_unaligned(seg);
-                }
-            }
-        }
-        if n == 1 {
-            // SAFETY: the first header is initialised above and describes live buffers (the
-            // caller's pieces, this frame's address and control) for the duration of the call.
-            let sent = unsafe {
-                libc::sendmsg(self.fd.as_raw_fd(), &hdrs[0].assume_init_ref().msg_hdr, 0)
-            };
-            if sent < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            return Ok(1);
         }
         // SAFETY: the first `n` headers are initialised above and describe live buffers for
         // the duration of the call; MaybeUninit<T> has T's layout.

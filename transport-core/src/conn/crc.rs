@@ -95,28 +95,4 @@ impl IcrcPrefixes {
         };
         icrc::finish_split(&prefix, transport, engine)
     }
-
-    /// [`Self::icrc`] over a transport in pieces.
-    #[inline]
-    pub(super) fn icrc_parts(
-        &mut self,
-        (src, dst): (IpAddr, IpAddr),
-        (src_port, dst_port): (u16, u16),
-        parts: &[&[u8]],
-        engine: icrc::Engine,
-    ) -> u32 {
-        let len: usize = parts.iter().map(|p| p.len()).sum();
-        let key = (u64::from(src_port) << 32) | len as u64;
-        let slot = &mut self.0[(usize::from(src_port) ^ len) % ICRC_SLOTS];
-        let prefix = match slot {
-            Some((k, p)) if *k == key => *p,
-            _ => {
-                let (ip, ip_len, udp) = icrc_headers(src, dst, src_port, dst_port, len);
-                let p = icrc::split_prefix(&ip[..ip_len], &udp, len);
-                *slot = Some((key, p));
-                p
-            }
-        };
-        icrc::finish_split_parts(&prefix, parts, engine)
-    }
 }

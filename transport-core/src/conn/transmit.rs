@@ -651,35 +651,6 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         self.write_headers(buf, headers, path, addr, len as usize)
     }
 
-    /// Writes the pad and the ICRC of a datagram that leaves in pieces (a runner that gives the
-    /// kernel the payload where it lies): `header` holds the headers from
-    /// [`Connection::poll_transmit`], `payload` the payload, and `trailer` (the pad and the ICRC,
-    /// `tx.len` less both, 4 to 7 bytes) receives them. The same bytes as [`Connection::seal`]
-    /// over the datagram laid out whole.
-    pub fn seal_parts(&mut self, tx: &Transmit, header: &[u8], payload: &[u8], trailer: &mut [u8]) {
-        let header = &header[..tx.header_len.min(header.len())];
-        let payload = &payload[..tx.payload_len.min(payload.len())];
-        let Some(pad) = (tx.len - tx.header_len - tx.payload_len).checked_sub(4) else {
-            return;
-        };
-        let Some(trailer) = trailer.get_mut(..pad + 4) else {
-            return;
-        };
-        let (pad_bytes, icrc) = trailer.split_at_mut(pad);
-        pad_bytes.fill(0);
-        let value = if self.cfg.icrc.sends() {
-            self.icrc_tx.icrc_parts(
-                (self.cfg.local_ip, self.cfg.remote_ip),
-                (tx.src_port, self.cfg.dst_port),
-                &[header, payload, pad_bytes],
-                self.cfg.icrc_engine,
-            )
-        } else {
-            0
-        };
-        icrc.copy_from_slice(&value.to_le_bytes());
-    }
-
     /// Adds the pad and the ICRC to a datagram whose headers came from
     /// [`Connection::poll_transmit`] and whose payload the runner has copied in after them.
     pub fn seal(&mut self, tx: &Transmit, buf: &mut [u8]) {

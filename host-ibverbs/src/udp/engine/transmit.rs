@@ -1,38 +1,15 @@
-//! The send side of the engine: what the connections have to send, staged per path and
-//! destination, and sent a GSO run per `sendmmsg` message. A datagram leaves in pieces: its
-//! headers and its pad and ICRC from the stage's buffer, its payload straight from the registered
-//! memory it lies in (the kernel gathers them; no copy of the payload in user space).
+//! The send side of the engine: what the connections have to send, built in place in a stage per
+//! path and destination, and sent a GSO run per `sendmmsg` message.
 
 use super::*;
-use crate::udp::socket::GatherMsg;
-use std::io::IoSlice;
-use std::ops::Range;
+use crate::udp::socket::SendRun as Run;
 
-/// A piece of a staged datagram.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Seg {
-    /// Bytes of the stage's buffer (headers, pad and ICRC; consecutive ones merged).
-    Buf { start: usize, len: usize },
-    /// Registered memory (a payload), read again when the stage is sent: it cannot be
-    /// deregistered meanwhile, since a stage is always sent before the engine returns.
-    Mem { addr: u64, len: usize },
-}
-
-/// One message of a `sendmmsg` call: a datagram, or a GSO run of equal segments (the last may be
-/// shorter), made of the stage's pieces `segs`.
-#[derive(Debug, Clone)]
-pub(super) struct Run {
-    pub(super) segs: Range<usize>,
-    pub(super) len: usize,
-    pub(super) segment: usize,
-}
-
-/// Datagrams waiting to leave from one source port to one destination: their pieces, cut into
-/// messages of one `sendmmsg` call.
+/// Datagrams waiting to leave from one source port to one destination: one buffer, cut into
+/// messages of one `sendmmsg` call, each a single datagram or a GSO run of equal segments (the
+/// last may be shorter).
 pub(super) struct Stage {
     pub(super) key: (u16, SocketAddr),
     pub(super) buf: Vec<u8>,
-    pub(super) segs: Vec<Seg>,
     pub(super) msgs: Vec<Run>,
     /// It holds a datagram with payload (sent before those with headers only).
     pub(super) data: bool,
@@ -47,10 +24,6 @@ pub(super) struct LastPath {
     pub(super) dst: SocketAddr,
     pub(super) stage: usize,
 }
-
-/// Payloads up to this long are copied into the stage's buffer (a ping, an atomic, a small
-/// message: one piece for the kernel); longer ones leave from registered memory.
-const COPY_BELOW: usize = 256;
 
 /// Messages per `sendmmsg` call.
 pub(super) const TX_BATCH: usize = 64;
@@ -99,33 +72,6 @@ pub(super) fn tx_socket<'a>(
     })
 }
 
-/// Adds `len` bytes of the buffer from `start` as the next piece, joined to the last piece when
-/// that one ends where this starts and `join` allows (the same message).
-fn push_buf(segs: &mut Vec<Seg>, start: usize, len: usize, join: bool) {
-    if len == 0 {
-        return;
-    }
-    if join {
-        if let Some(Seg::Buf { start: s, len: l }) = segs.last_mut() {
-            if *s + *l == start {
-                *l += len;
-                return;
-            }
-        }
-    }
-    segs.push(Seg::Buf { start, len });
-}
-
-/// Whether a datagram of `len` bytes joins the last message of `s` as one more GSO segment.
-fn joins(s: &Stage, len: usize, gso: bool) -> bool {
-    s.msgs.last().is_some_and(|r| {
-        gso && len <= r.segment
-            && r.len % r.segment == 0
-            && r.len / r.segment < GSO_MAX_SEGMENTS
-            && r.len + len <= GSO_MAX_BYTES
-    })
-}
-
 /// The stage of (path port, destination) `key`, made on first use.
 pub(super) fn stage_of(
     stages: &mut Vec<Stage>,
@@ -136,7 +82,6 @@ pub(super) fn stage_of(
         stages.push(Stage {
             key,
             buf: Vec::with_capacity(GSO_MAX_BYTES),
-            segs: Vec::with_capacity(2 * GSO_MAX_SEGMENTS + 1),
             msgs: Vec::with_capacity(TX_BATCH),
             data: false,
             queued: false,
@@ -225,72 +170,58 @@ impl Engine {
                 }
             };
             let wire_port = tx.src_port;
-            // The datagram is staged in pieces: its headers (from the scratch buffer) and its pad
-            // and ICRC in the stage's buffer, its payload where it lies in registered memory
-            // (the ICRC reads it there; the kernel copies it from there).
-            let s = &mut self.stages[stage];
-            let join = joins(s, tx.len, self.gso);
-            let first = s.segs.len();
-            let start = s.buf.len();
-            s.buf.extend_from_slice(&scratch[..tx.header_len]);
-            push_buf(&mut s.segs, start, tx.header_len, join);
-            let zeros;
-            let payload = match self.mems.read(tx.payload_addr, tx.payload_len) {
-                Some(p) if p.len() <= COPY_BELOW => {
-                    // A small payload is copied: one piece is cheaper for the kernel than three.
-                    let at = s.buf.len();
-                    s.buf.extend_from_slice(p);
-                    push_buf(&mut s.segs, at, p.len(), true);
-                    p
-                }
-                Some(p) => {
-                    s.segs.push(Seg::Mem {
-                        addr: tx.payload_addr,
-                        len: p.len(),
-                    });
-                    p
-                }
+            // The datagram is built where it leaves from, the stage's buffer: headers from the
+            // scratch buffer, the payload straight from the region (one copy, not two), then
+            // pad and ICRC in place.
+            let buf = &mut self.stages[stage].buf;
+            let start = buf.len();
+            buf.reserve(tx.len);
+            buf.extend_from_slice(&scratch[..tx.header_len]);
+            // (`Connection::fill_and_seal` wants the datagram's room laid out first, which here
+            // would zero the payload's bytes before copying them: the copy appends instead.)
+            match self.mems.read(tx.payload_addr, tx.payload_len) {
+                Some(payload) => buf.extend_from_slice(payload),
                 None => {
                     // Cannot happen for buffers checked at post time; send zeros, count it.
+                    buf.resize(start + tx.header_len + tx.payload_len, 0);
                     self.counters.tx_bad_local += 1;
-                    let at = s.buf.len();
-                    s.buf.resize(at + tx.payload_len, 0);
-                    push_buf(&mut s.segs, at, tx.payload_len, true);
-                    zeros = vec![0u8; tx.payload_len];
-                    &zeros[..]
                 }
-            };
-            let at = s.buf.len();
-            let trailer = tx.len - tx.header_len - tx.payload_len;
-            s.buf.resize(at + trailer, 0);
-            conn.seal_parts(&tx, &scratch[..tx.header_len], payload, &mut s.buf[at..]);
-            if let Some(p) = self.pcap.as_mut() {
-                let mut d = scratch[..tx.header_len].to_vec();
-                d.extend_from_slice(payload);
-                d.extend_from_slice(&s.buf[at..]);
-                let src = SocketAddr::new(self.local_ip, wire_port);
-                write_pcap(
-                    p,
-                    since(self.epoch),
-                    src,
-                    peer,
-                    crate::udp::socket::ECT0,
-                    &d,
-                );
             }
-            push_buf(&mut s.segs, at, trailer, true);
+            buf.resize(start + tx.len, 0);
+            conn.seal(&tx, &mut buf[start..]);
             sent = true;
-            self.staged(stage, first, tx.len, join, tx.payload_len > 0);
+            self.staged(stage, wire_port, peer, start, tx.payload_len > 0);
         }
         self.scratch = scratch;
         sent
     }
 
-    /// Queues the datagram of `len` bytes whose pieces were just staged in stage `idx` from piece
-    /// `first` on: one more segment of the last message when `join`, else a message of its own.
-    pub(super) fn staged(&mut self, idx: usize, first: usize, len: usize, join: bool, data: bool) {
+    /// Queues the datagram built at `start` of stage `idx`'s buffer (to its end; see `stage_of`),
+    /// whose path leaves from `wire_port`.
+    pub(super) fn staged(
+        &mut self,
+        idx: usize,
+        wire_port: u16,
+        dst: SocketAddr,
+        start: usize,
+        data: bool,
+    ) {
+        let d = &self.stages[idx].buf[start..];
+        let len = d.len();
         self.counters.tx_packets += 1;
         self.counters.tx_bytes += len as u64;
+        if let Some(p) = self.pcap.as_mut() {
+            let t = since(self.epoch);
+            write_pcap(
+                p,
+                t,
+                SocketAddr::new(self.local_ip, wire_port),
+                dst,
+                crate::udp::socket::ECT0,
+                d,
+            );
+        }
+        let gso = self.gso;
         let s = &mut self.stages[idx];
         if s.msgs.is_empty() {
             s.data = false;
@@ -300,17 +231,22 @@ impl Engine {
             self.queued.push(idx);
         }
         s.data |= data;
-        let end = s.segs.len();
-        match s.msgs.last_mut() {
-            Some(r) if join => {
+        let extend = s.msgs.last().is_some_and(|r| {
+            gso && len <= r.segment
+                && r.len % r.segment == 0
+                && r.len / r.segment < GSO_MAX_SEGMENTS
+                && r.len + len <= GSO_MAX_BYTES
+        });
+        if extend {
+            if let Some(r) = s.msgs.last_mut() {
                 r.len += len;
-                r.segs.end = end;
             }
-            _ => s.msgs.push(Run {
-                segs: first..end,
+        } else {
+            s.msgs.push(Run {
+                start,
                 len,
                 segment: len,
-            }),
+            });
         }
         if s.msgs.len() >= TX_BATCH {
             self.flush_one(idx);
@@ -342,44 +278,12 @@ impl Engine {
         }
         let (src_port, dst) = s.key;
         let sock = self.tx[&src_port].sock.as_ref().unwrap_or(&self.rx);
-        // The pieces as the kernel reads them: the buffer's, and the payloads in registered
-        // memory, which the engine cannot have deregistered since they were staged.
-        let mems = &self.mems;
-        let mut lost = 0u64;
-        let iov: Vec<IoSlice<'_>> = s
-            .segs
-            .iter()
-            .map(|seg| match *seg {
-                Seg::Buf { start, len } => IoSlice::new(&s.buf[start..start + len]),
-                Seg::Mem { addr, len } => IoSlice::new(mems.read(addr, len).unwrap_or_else(|| {
-                    lost += 1;
-                    &[]
-                })),
-            })
-            .collect();
-        if lost > 0 {
-            // Cannot happen (see `Seg::Mem`); the stage is dropped whole, the connections repair it.
-            self.counters.tx_errors += s.msgs.len() as u64;
-            s.buf.clear();
-            s.segs.clear();
-            s.msgs.clear();
-            return;
-        }
-        let msgs: Vec<GatherMsg<'_>> = s
-            .msgs
-            .iter()
-            .map(|r| GatherMsg {
-                iov: &iov[r.segs.clone()],
-                len: r.len,
-                segment: r.segment,
-            })
-            .collect();
-        let mut runs: &[GatherMsg<'_>] = &msgs;
+        let mut runs: &[Run] = &s.msgs;
         while !runs.is_empty() {
             self.counters.tx_syscalls += 1;
             // One message per call without batching (a GSO run is still one message).
             let call = if batch { runs } else { &runs[..1] };
-            match sock.send_gather(&dst, call) {
+            match sock.send_many(&dst, &s.buf, call) {
                 Ok(0) => break,
                 Ok(n) => {
                     self.counters.tx_gso_batches +=
@@ -398,8 +302,7 @@ impl Engine {
                     self.counters.tx_gso_disabled += 1;
                     let r = runs[0];
                     runs = &runs[1..];
-                    let whole: Vec<u8> = r.iov.iter().flat_map(|p| p.iter().copied()).collect();
-                    for d in whole.chunks(r.segment) {
+                    for d in s.buf[r.start..r.start + r.len].chunks(r.segment) {
                         self.counters.tx_syscalls += 1;
                         if sock.send(&dst, d, 0).is_err() {
                             self.counters.tx_errors += 1;
@@ -414,10 +317,7 @@ impl Engine {
                 }
             }
         }
-        drop(msgs);
-        drop(iov);
         s.buf.clear();
-        s.segs.clear();
         s.msgs.clear();
     }
 }
