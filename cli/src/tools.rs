@@ -151,6 +151,13 @@ pub struct PerfArgs {
     /// rate-based controllers (dcqcn, timely) start from it (100 Gb/s when not given).
     #[arg(long, value_name = "GBPS", value_parser = parse_gbps)]
     pub line_rate: Option<u32>,
+    /// UDP transport, with --line-rate: the table in shared memory through which every engine
+    /// receiving on this address at this line rate (other server processes, a client's worker
+    /// threads) divides it among all their connections; by default
+    /// /dev/shm/metaroce-fair-share-<uid>; `none`: this process's connections have the line to
+    /// themselves.
+    #[arg(long, value_name = "PATH|none")]
+    pub share_table: Option<PathBuf>,
     /// UDP transport: no UDP GSO (one datagram per message of a send call).
     #[arg(long)]
     pub no_gso: bool,
@@ -242,6 +249,12 @@ fn config(test: Test, a: &PerfArgs) -> Result<PerfConfig, String> {
         (None, _) => {}
     }
     c.line_rate_mbps = a.line_rate.unwrap_or(0);
+    c.share_table = match &a.share_table {
+        Some(p) if p.as_os_str() == "none" => None,
+        Some(p) => Some(p.clone()),
+        None if c.line_rate_mbps > 0 => Some(host_ibverbs::udp::share_table::default_path()),
+        None => None,
+    };
     if a.no_icrc {
         c.icrc = host_ibverbs::udp::IcrcMode::Off;
     }

@@ -197,6 +197,10 @@ pub struct PerfConfig {
     /// UDP transport: this end's line rate, Mb/s (0: not given). A receiver gives each sender
     /// its max-min share of it in every ACK; a rate-based controller starts from it.
     pub line_rate_mbps: u32,
+    /// UDP transport, with a line rate: the fair-share table shared with the other engines
+    /// (processes, worker threads) receiving on the same address at the same line rate
+    /// (`udp::share_table`); None, each engine divides the line among its own connections.
+    pub share_table: Option<PathBuf>,
     /// UDP transport: the ICRC of the data path, for both ends (the client's choice is the
     /// server's): computed and checked (the default), or neither (`--no-icrc`).
     pub icrc: udp::IcrcMode,
@@ -282,6 +286,7 @@ impl PerfConfig {
             icrc: udp::IcrcMode::Full,
             cc: Cc::MetaRoce,
             line_rate_mbps: 0,
+            share_table: None,
             tx_depth: 128,
             all_sizes: false,
             busy_poll: false,

@@ -491,6 +491,61 @@ fn metaroce_senders_pace_to_the_receivers_fair_share() {
     }
 }
 
+/// The line divided across servers: two server sessions (each its own engine, as two server
+/// processes are) at a line rate of 1 Gb/s, sharing one fair-share table, each with one MetaRoCE
+/// client: each client is given half, paces to it, and the two together move about 1 Gb/s. With
+/// no table each is given the whole line, and together they move twice the line.
+#[test]
+#[cfg_attr(
+    target_arch = "aarch64",
+    ignore = "the CI runs aarch64 tests under qemu-user, whose emulated engine moves 0.2 Gb/s: the \
+              senders never reach their shares; runs natively on x86-64"
+)]
+fn servers_sharing_a_table_divide_the_line_between_their_clients() {
+    let table = std::env::temp_dir().join(format!("metaroce-share-test-{}", std::process::id()));
+    let run = |table: Option<std::path::PathBuf>| {
+        let pairs: Vec<_> = (0..2)
+            .map(|_| {
+                let table = table.clone();
+                std::thread::spawn(move || {
+                    let mut cfg = PerfConfig::new(Test::WriteBw);
+                    cfg.duration = Some(Duration::from_millis(1500));
+                    cfg.cc = Cc::MetaRoce;
+                    cfg.line_rate_mbps = 1_000;
+                    cfg.share_table = table;
+                    run_pair(cfg)
+                })
+            })
+            .collect();
+        pairs
+            .into_iter()
+            .map(|t| {
+                let (reports, served) = t.join().unwrap();
+                let Report::Bw(r) = &reports[0] else { panic!() };
+                assert!(r.verified && served.verified);
+                (r.bw_avg_gbps, r.connections[0].hint_received_mbps)
+            })
+            .collect::<Vec<_>>()
+    };
+    let shared = run(Some(table.clone()));
+    let total: f64 = shared.iter().map(|x| x.0).sum();
+    assert!(
+        (0.75..=1.15).contains(&total),
+        "two senders into one 1 Gb/s line: {shared:?}"
+    );
+    for (gbps, hint) in &shared {
+        // The last hint of a phase varies (the other client ending, its demand measured as it
+        // slows down); never more than the line.
+        assert!((1..=1_000).contains(hint), "{shared:?}");
+        assert!((0.35..=0.6).contains(gbps), "{shared:?}");
+    }
+    // Without the table, each server gives its client the whole line: twice the line together.
+    let alone = run(None);
+    let total: f64 = alone.iter().map(|x| x.0).sum();
+    assert!(total >= 1.5, "{alone:?}");
+    let _ = std::fs::remove_file(&table);
+}
+
 /// A hello naming a rate controller or an ICRC mode this server does not know is refused with
 /// a message that names it, before anything is opened; a hello without either field (a client
 /// from before them) runs ECN AIMD with the full ICRC.

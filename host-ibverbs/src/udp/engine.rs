@@ -185,6 +185,8 @@ pub(crate) struct Engine {
     /// The receiver's fair share of its line rate among the connections sending to it, when a
     /// line rate is configured.
     pub fair: Option<transport_core::rate::FairShare<QUEUE>>,
+    /// The other engines on this line ([`crate::udp::share_table`]).
+    pub share_table: Option<crate::udp::share_table::ShareTable>,
     /// When the fair shares are next computed.
     share_at: Instant,
 }
@@ -229,6 +231,7 @@ impl Engine {
             busy_poll,
             release: Vec::new(),
             fair: None,
+            share_table: None,
             share_at: Instant::ZERO,
         }
     }
@@ -378,6 +381,11 @@ impl Engine {
             }
         }
         fair.expire(now);
+        if let Some(t) = &self.share_table {
+            let (unbounded, bounded) = fair.summary();
+            let (u, b) = t.exchange(unbounded, bounded);
+            fair.set_others(u, b);
+        }
         for (qpn, qp) in self.qps.iter_mut() {
             if let Some(conn) = qp.conn.as_mut() {
                 conn.set_rate_hint(fair.share(*qpn).unwrap_or(0));

@@ -19,6 +19,7 @@
 pub mod crc_engine;
 mod engine;
 mod error;
+pub mod share_table;
 pub mod socket;
 pub mod stats;
 
@@ -69,6 +70,11 @@ pub struct DeviceConfig {
     /// This end's inbound capacity, Mb/s: when set, every ACK carries each sender's max-min
     /// share of it (the receiver's rate hint); 0, no hint.
     pub line_rate_mbps: u32,
+    /// With a line rate: the table in shared memory through which the engines receiving on
+    /// this address at this line rate (other processes, other threads) divide it among all
+    /// their connections ([`share_table`]); None, or a table that cannot be opened (said on
+    /// stderr), this engine's connections have it to themselves.
+    pub share_table: Option<PathBuf>,
     /// The traffic class of what is sent: its DSCP (upper six bits) goes in the IP header, with
     /// ECT(0) always in the ECN bits (as perftest's `--tclass` on a RoCE NIC).
     pub traffic_class: u8,
@@ -91,6 +97,7 @@ impl DeviceConfig {
             socket_buffer: 8 << 20,
             pcap: None,
             line_rate_mbps: 0,
+            share_table: None,
             traffic_class: 0,
             priority: 0,
         }
@@ -249,6 +256,17 @@ impl Context {
                 // leaves between its packets.
                 4096,
             ));
+            if let Some(path) = &cfg.share_table {
+                // Without the table the engine still shares its line among its own connections:
+                // said, not fatal.
+                match share_table::ShareTable::open(path, cfg.local_ip, cfg.line_rate_mbps) {
+                    Ok(t) => engine.share_table = Some(t),
+                    Err(e) => eprintln!(
+                        "metaroce: no fair-share table ({e}): this engine divides the line among \
+                         its own connections only"
+                    ),
+                }
+            }
         }
         Ok(Context {
             inner: Rc::new(CtxInner {

@@ -57,6 +57,10 @@ pub struct FairShare<const N: usize> {
     /// The senders' packet size, bytes (their gaps at a share).
     packet_bytes: u32,
     drain: Option<Drain>,
+    /// Senders of other runners on the same receiver (other processes or threads sharing its
+    /// line): how many want all they can get, and what the rest want together, Mb/s.
+    others_unbounded: u32,
+    others_mbps: u64,
     /// The queueing delay the receiver's data last met, ns (see [`Drain`]).
     queue_ns: u64,
     senders: Vec<Sender, N>,
@@ -92,6 +96,8 @@ impl<const N: usize> FairShare<N> {
             idle_ns,
             packet_bytes,
             drain: None,
+            others_unbounded: 0,
+            others_mbps: 0,
             queue_ns: 0,
             senders: Vec::new(),
         }
@@ -107,6 +113,33 @@ impl<const N: usize> FairShare<N> {
     /// [`crate::rate::QueueDelay`]): the drain's input.
     pub fn set_queue_delay(&mut self, ns: u64) {
         self.queue_ns = ns;
+    }
+
+    /// The senders that other runners on the same receiver track (other processes or engines
+    /// whose connections arrive over the same line): `unbounded` of them want all they can get,
+    /// the rest want `bounded_mbps` together. They count in the water level as senders of this
+    /// table's own: the unbounded ones at the level, the others at their demands, which are taken
+    /// to be met (they are under their shares where they were measured).
+    pub fn set_others(&mut self, unbounded: u32, bounded_mbps: u64) {
+        self.others_unbounded = unbounded;
+        self.others_mbps = bounded_mbps;
+    }
+
+    /// What this table's own senders want, for other runners' [`FairShare::set_others`]: how
+    /// many want all they can get, and what the others want together, Mb/s.
+    pub fn summary(&self) -> (u32, u64) {
+        let unbounded = self
+            .senders
+            .iter()
+            .filter(|s| s.demand_mbps == u32::MAX)
+            .count() as u32;
+        let bounded = self
+            .senders
+            .iter()
+            .filter(|s| s.demand_mbps != u32::MAX)
+            .map(|s| u64::from(s.demand_mbps))
+            .sum();
+        (unbounded, bounded)
     }
 
     /// The capacity shared out now, Mb/s: the line, less the drain's cut.
@@ -212,9 +245,11 @@ impl<const N: usize> FairShare<N> {
     /// The water level over the tracked senders, Mb/s: every sender's share is the lesser of
     /// its demand and this (`u32::MAX` while every demand is met).
     pub fn level_mbps(&self) -> u32 {
+        let others = core::iter::repeat_n(u32::MAX, self.others_unbounded as usize);
+        let capacity = u64::from(self.capacity_now_mbps()).saturating_sub(self.others_mbps);
         water_level(
-            self.capacity_now_mbps(),
-            self.senders.iter().map(|s| s.demand_mbps),
+            capacity.max(1) as u32,
+            self.senders.iter().map(|s| s.demand_mbps).chain(others),
         )
         .map_or(u32::MAX, |l| l.min(u64::from(u32::MAX)) as u32)
     }
@@ -374,6 +409,24 @@ mod tests {
                 .unwrap();
         }
         assert_eq!((f.share(1), f.share(2)), (Some(5_000), Some(5_000)));
+    }
+
+    #[test]
+    fn senders_of_other_runners_on_the_same_line_count() {
+        // 1000 Mb/s; one sender here, three that want all they can get elsewhere: a quarter.
+        let mut f: FairShare<4> = FairShare::new(1_000, 1_000_000, 4096);
+        f.heard(1, u32::MAX, at(0)).unwrap();
+        assert_eq!(f.summary(), (1, 0));
+        f.set_others(3, 0);
+        assert_eq!(f.share(1), Some(250));
+        // One elsewhere wants 400 and one wants all: (1000 - 400) / 2.
+        f.set_others(1, 400);
+        assert_eq!(f.share(1), Some(300));
+        // A sender here that wants 100 counts as bounded in the summary.
+        f.heard(2, 100, at(0)).unwrap();
+        assert_eq!(f.summary(), (1, 100));
+        assert_eq!(f.share(2), Some(100));
+        assert_eq!(f.share(1), Some(250));
     }
 
     #[test]

@@ -48,6 +48,7 @@ pub(super) fn open_udp(
     dc.batch = cfg.batch;
     dc.pcap = cfg.pcap.clone();
     dc.line_rate_mbps = cfg.line_rate_mbps;
+    dc.share_table = cfg.share_table.clone();
     dc.traffic_class = cfg.tclass;
     dc.priority = cfg.sl;
     let ctx = match udp::Context::open(&dc) {
