@@ -305,6 +305,9 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
             target_ns: 2 * base_rtt,
             horizon_ns: 64 * base_rtt,
             floor: 512,
+            first_window_bytes: u64::from(cfg.paths)
+                * u64::from(cfg.window_per_path)
+                * (4096 + 52 + FRAMING as u64),
         });
     }
     let mut report = IncastReport {
@@ -403,7 +406,7 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
         if cfg.hint && now >= share_at {
             share_at = now + 1_000;
             if let Some(q) = queue_delay.take() {
-                fair.set_queue_delay(q);
+                fair.set_queue_delay(now, q);
             }
             fair.expire(now);
             for (i, r) in receivers.iter_mut().enumerate() {

@@ -21,6 +21,22 @@ fn sixteen_metaroce_senders_with_the_hint_settle_at_once_and_keep_the_port_busy(
 }
 
 #[test]
+fn sixty_four_metaroce_senders_with_the_hint_settle_at_once_and_keep_the_port_busy() {
+    // The same targets for 64-to-1: a first round of 4 MB in the queue, paid for by every
+    // sender at its share before it sends again.
+    let r = run(&IncastConfig {
+        senders: 64,
+        ..IncastConfig::default()
+    });
+    assert!(r.ok, "{r:?}");
+    assert_eq!(r.drops, 0);
+    assert!(r.jain_index >= 0.99, "{r:?}");
+    assert!(r.link_utilisation >= 0.95, "{r:?}");
+    assert!(r.settle_rtts.is_some_and(|s| s <= 2), "{r:?}");
+    assert_eq!(r.retransmissions, 0, "{r:?}");
+}
+
+#[test]
 fn without_the_hint_metaroce_senders_do_not_settle() {
     // The same incast with ECN alone: fair over the whole run, but never within 10% of the
     // share window by window (the hint is what settles it).

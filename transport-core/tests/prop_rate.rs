@@ -72,13 +72,18 @@ proptest! {
     ) {
         let mut f: FairShare<8> = FairShare::new(capacity, 50_000, 4096);
         if drain {
-            f = f.with_drain(Drain { target_ns: 1_000, horizon_ns: 100_000, floor: 128 });
+            f = f.with_drain(Drain {
+                target_ns: 1_000,
+                horizon_ns: 100_000,
+                floor: 128,
+                first_window_bytes: 65_536,
+            });
         }
         let mut now = Instant::ZERO;
         for (id, bytes, dt) in arrivals {
             now += dt;
             let taken = f.received(id, bytes, now).is_ok();
-            f.set_queue_delay(queue);
+            f.set_queue_delay(now, queue);
             prop_assert!(f.len() <= 8);
             if taken {
                 prop_assert!(f.share(id).is_some(), "a sender just heard has a share");

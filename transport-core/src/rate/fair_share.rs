@@ -42,8 +42,12 @@ impl core::error::Error for FairShareError {}
 /// behind a queue were dropped between their bursts and the others given more than the line).
 pub const QUIET_GAPS: u64 = 8;
 
-/// A sender that sends at least this share of its share (7/8) is held back by it.
-pub const HELD: (u64, u64) = (7, 8);
+/// A sender's demand is measured over at least this many of its packet gaps at its share: a
+/// count of sixteen packets tells a sender held at its share (one packet more or less) from one
+/// that sends three quarters of it.
+pub const MEASURE_GAPS: u64 = 16;
+/// A sender that sends at least this share of its share (3/4) is held back by it.
+pub const HELD: (u64, u64) = (3, 4);
 /// A sender held back by its application wants what it sends and this much more (1/4).
 pub const GROWTH: (u64, u64) = (1, 4);
 
@@ -61,8 +65,12 @@ pub struct FairShare<const N: usize> {
     /// line): how many want all they can get, and what the rest want together, Mb/s.
     others_unbounded: u32,
     others_mbps: u64,
-    /// The queueing delay the receiver's data last met, ns (see [`Drain`]).
+    /// Until when the first windows of the senders taken in may still be in the queue: the
+    /// drain holds off until then (see [`Drain`]).
+    first_windows_until: Instant,
+    /// The queueing delay the receiver's data last met, ns (see [`Drain`]), and when.
     queue_ns: u64,
+    queue_at: Instant,
     senders: Vec<Sender, N>,
 }
 
@@ -81,6 +89,12 @@ pub struct Drain {
     pub horizon_ns: u64,
     /// The least share of the line it leaves, 1/1024 (at most 1024).
     pub floor: u16,
+    /// What a sender sends before its first hint (its first window), bytes: the drain holds
+    /// off while the line may still be carrying the first windows of the senders that arrived
+    /// (each new sender adds its first window's time at the line rate). Those senders pay for
+    /// their first windows at their hints before they send again, which drains that queue; a
+    /// drain on top would have them pay twice over, and the line go idle.
+    pub first_window_bytes: u64,
 }
 
 impl<const N: usize> FairShare<N> {
@@ -98,7 +112,9 @@ impl<const N: usize> FairShare<N> {
             drain: None,
             others_unbounded: 0,
             others_mbps: 0,
+            first_windows_until: Instant::ZERO,
             queue_ns: 0,
+            queue_at: Instant::ZERO,
             senders: Vec::new(),
         }
     }
@@ -111,8 +127,9 @@ impl<const N: usize> FairShare<N> {
 
     /// The queueing delay the receiver's data met lately, ns (a one-way delay above its least,
     /// [`crate::rate::QueueDelay`]): the drain's input.
-    pub fn set_queue_delay(&mut self, ns: u64) {
+    pub fn set_queue_delay(&mut self, now: Instant, ns: u64) {
         self.queue_ns = ns;
+        self.queue_at = now;
     }
 
     /// The senders that other runners on the same receiver track (other processes or engines
@@ -148,6 +165,9 @@ impl<const N: usize> FairShare<N> {
         let Some(d) = self.drain else {
             return self.capacity_mbps;
         };
+        if self.queue_at < self.first_windows_until {
+            return self.capacity_mbps;
+        }
         let over = self.queue_ns.saturating_sub(d.target_ns);
         let cut = over.saturating_mul(1024) / d.horizon_ns.max(1);
         let frac = 1024u64
@@ -175,6 +195,7 @@ impl<const N: usize> FairShare<N> {
             s.last_seen = now;
             return Ok(());
         }
+        self.first_window(now);
         self.senders
             .push(Sender {
                 id,
@@ -198,6 +219,7 @@ impl<const N: usize> FairShare<N> {
         let level = self.level_mbps();
         let (idle, packet) = (self.idle_ns, u64::from(self.packet_bytes));
         let Some(s) = self.senders.iter_mut().find(|s| s.id == id) else {
+            self.first_window(now);
             return self
                 .senders
                 .push(Sender {
@@ -212,7 +234,7 @@ impl<const N: usize> FairShare<N> {
         s.last_seen = now;
         s.bytes = s.bytes.saturating_add(bytes);
         let share = s.demand_mbps.min(level);
-        let interval = idle.max(QUIET_GAPS.saturating_mul(serialisation_ns(packet, share)));
+        let interval = idle.max(MEASURE_GAPS.saturating_mul(serialisation_ns(packet, share)));
         let dt = now.since(s.since);
         if dt >= interval.max(1) {
             // bytes * 8 bits / dt ns is Gb/s; Mb/s is a thousand times that.
@@ -227,6 +249,15 @@ impl<const N: usize> FairShare<N> {
             s.bytes = 0;
         }
         Ok(())
+    }
+
+    /// A new sender at `now`: its first window, sent before any hint, joins those before it in
+    /// the queue, and the drain holds off for the line to carry it (see [`Drain`]).
+    fn first_window(&mut self, now: Instant) {
+        if let Some(d) = self.drain {
+            let take = serialisation_ns(d.first_window_bytes, self.capacity_mbps);
+            self.first_windows_until = self.first_windows_until.max(now) + take;
+        }
     }
 
     /// Forgets the senders silent since before `now` less `idle_ns` or [`QUIET_GAPS`] of their
@@ -345,22 +376,51 @@ mod tests {
             target_ns: 2_000,
             horizon_ns: 40_000,
             floor: 128,
+            first_window_bytes: 0,
         });
         for id in 0..4 {
             f.heard(id, u32::MAX, at(0)).unwrap();
         }
         assert_eq!(f.share(0), Some(25_000));
         // At the target: the whole line.
-        f.set_queue_delay(2_000);
+        f.set_queue_delay(at(0), 2_000);
         assert_eq!(f.share(0), Some(25_000));
         // 10 us above it: 1 - 10/40 of the line, 1024 - 256 = 768/1024 = 75 Gb/s, 18.75 each.
-        f.set_queue_delay(12_000);
+        f.set_queue_delay(at(0), 12_000);
         assert_eq!(f.capacity_now_mbps(), 75_000);
         assert_eq!(f.share(0), Some(18_750));
         // Far above: never below an eighth of the line.
-        f.set_queue_delay(1_000_000);
+        f.set_queue_delay(at(0), 1_000_000);
         assert_eq!(f.capacity_now_mbps(), 12_500);
         assert_eq!(f.share(3), Some(3_125));
+    }
+
+    #[test]
+    fn the_drain_waits_for_the_line_to_carry_the_first_windows() {
+        // 100 Gb/s; first windows of 125 KB take 10 us each at the line.
+        let mut f: FairShare<8> = FairShare::new(100_000, 1_000_000, 4096).with_drain(Drain {
+            target_ns: 2_000,
+            horizon_ns: 40_000,
+            floor: 128,
+            first_window_bytes: 125_000,
+        });
+        // Four senders arrive at 0, 1, 2 and 3 us: their first windows keep the line busy
+        // until 40 us.
+        for id in 0..4u32 {
+            f.heard(id, u32::MAX, at(u64::from(id) * 1_000)).unwrap();
+        }
+        // 22 us of queue at 39 us: no cut yet (the senders pay for their first windows).
+        f.set_queue_delay(at(39_000), 22_000);
+        assert_eq!(f.capacity_now_mbps(), 100_000);
+        // The same queue at 40 us: 20 of the 40 us horizon above the target, half the line.
+        f.set_queue_delay(at(40_000), 22_000);
+        assert_eq!(f.capacity_now_mbps(), 50_000);
+        // A sender arriving later puts off the drain by its own first window from then on.
+        f.heard(9, u32::MAX, at(45_000)).unwrap();
+        f.set_queue_delay(at(54_000), 22_000);
+        assert_eq!(f.capacity_now_mbps(), 100_000);
+        f.set_queue_delay(at(55_000), 22_000);
+        assert_eq!(f.capacity_now_mbps(), 50_000);
     }
 
     #[test]

@@ -108,6 +108,9 @@ pub struct RateControl<const P: usize> {
     /// MetaRoCE before its first hint: since when it has sent unpaced, and how many bytes (the
     /// pacer books them at the first hint).
     unpaced: Option<(Instant, u64)>,
+    /// What the first hint booked, until the sender sends again: a lower hint before then books
+    /// it again at the lower rate.
+    owed: Option<(Instant, u64)>,
     pacer: Pacer,
 }
 
@@ -130,6 +133,7 @@ impl<const P: usize> RateControl<P> {
             rate,
             hint_mbps: 0,
             unpaced: None,
+            owed: None,
             pacer: Pacer::default(),
         }
     }
@@ -162,9 +166,13 @@ impl<const P: usize> RateControl<P> {
             if self.hint_mbps == 0 && self.algorithm == Algorithm::MetaRoce {
                 // The first hint: what left since the last ACK without one (the first window)
                 // is paid for at the hint before more leaves.
-                if let Some((since, bytes)) = self.unpaced.take() {
-                    self.pacer.owe(since, bytes, ack.hint_mbps);
-                }
+                self.owed = self.unpaced.take();
+            }
+            if let Some((since, bytes)) = self.owed {
+                // Until the sender sends again, at the lowest hint so far: the first hints of
+                // an incast count the senders the receiver has heard of yet, fewer than a
+                // moment later (sender 0 of 64 was first given a fourteenth of the line).
+                self.pacer.owe(since, bytes, ack.hint_mbps);
             }
             self.hint_mbps = ack.hint_mbps;
         }
@@ -331,6 +339,62 @@ impl<const P: usize> RateControl<P> {
         if rate != 0 {
             self.pacer.depart(now, bytes, rate, burst_bytes);
         }
+        self.owed = None;
         self.on_sent(now, bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::at;
+
+    fn ack(now: u64, hint_mbps: u32) -> AckReport {
+        AckReport {
+            acked: 1,
+            marked: false,
+            srtt: 5_000,
+            now: at(now),
+            hint_mbps,
+        }
+    }
+
+    #[test]
+    fn the_first_window_is_paid_for_at_the_lowest_hint_before_the_sender_resumes() {
+        let mut r: RateControl<4> = RateControl::new(Algorithm::MetaRoce, 16);
+        // Sixteen 4000-byte packets leave unpaced from 1 us on.
+        for k in 0..16 {
+            r.on_departure(at(1_000 + k * 100), 4_000, 65_536);
+        }
+        // The first hint, 8000 Mb/s (the receiver has heard of few senders yet): 64,000 bytes
+        // take 64 us at it, so nothing leaves before 65 us.
+        r.on_ack(PathId(0), ack(5_000, 8_000));
+        assert_eq!(r.next_departure(at(6_000), 4_000, 65_536), Some(at(65_000)));
+        // A lower hint before the sender resumes (the receiver has heard of more): 2000 Mb/s,
+        // 256 us from 1 us on.
+        r.on_ack(PathId(1), ack(7_000, 2_000));
+        assert_eq!(
+            r.next_departure(at(8_000), 4_000, 65_536),
+            Some(at(257_000))
+        );
+        // The sender resumes; a lower hint then paces what follows, and books nothing again.
+        r.on_departure(at(257_000), 4_000, 65_536);
+        r.on_ack(PathId(0), ack(258_000, 1_000));
+        assert_eq!(
+            r.next_departure(at(258_000), 4_000, 65_536),
+            Some(at(257_000 + 16_000))
+        );
+    }
+
+    #[test]
+    fn a_peer_without_hints_leaves_nothing_owed() {
+        let mut r: RateControl<4> = RateControl::new(Algorithm::MetaRoce, 16);
+        for k in 0..16 {
+            r.on_departure(at(k * 100), 4_000, 65_536);
+        }
+        // An ACK without a hint: what left so far is not owed to a later hint.
+        r.on_ack(PathId(0), ack(5_000, 0));
+        r.on_ack(PathId(0), ack(6_000, 1_000));
+        assert_eq!(r.next_departure(at(6_000), 4_000, 0), Some(at(6_000)));
     }
 }
