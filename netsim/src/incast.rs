@@ -299,7 +299,10 @@ fn simulate(cfg: &IncastConfig) -> IncastReport {
     // A sender silent for four base RTTs, or eight of its packets at its share, gives its share
     // back. With the drain, the capacity shared out falls while the receiver's data meets more
     // than two base RTTs of queueing, by the excess over 64 base RTTs, to half the line at most.
-    let mut fair: FairShare<MAX_SENDERS> = FairShare::new(line_mbps, 4 * base_rtt, 4096 + 52);
+    // The senders pace datagrams (BTH to ICRC); each also takes FRAMING bytes of the line, so
+    // what is shared out is the line's rate in datagram bytes.
+    let datagram_mbps = (u64::from(line_mbps) * (4096 + 52) / (4096 + 52 + FRAMING as u64)) as u32;
+    let mut fair: FairShare<MAX_SENDERS> = FairShare::new(datagram_mbps, 4 * base_rtt, 4096 + 52);
     if cfg.drain {
         fair = fair.with_drain(Drain {
             target_ns: 2 * base_rtt,
