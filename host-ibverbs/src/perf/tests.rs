@@ -2,7 +2,18 @@
 
 use super::*;
 
-fn run_pair(mut cfg: PerfConfig) -> (Vec<Report>, Served) {
+/// The tests that check rates run alone: each needs the CPU its senders pace at, and another
+/// pair's traffic beside it on a small machine (two cores) starves one sender or another (the
+/// four-sender test's shares came out 45% apart beside the rest of the suite). Every pair holds
+/// it shared; the rate tests hold it alone.
+static RATE_TESTS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn run_pair(cfg: PerfConfig) -> (Vec<Report>, Served) {
+    let _beside_others = RATE_TESTS.read().unwrap_or_else(|e| e.into_inner());
+    run_pair_unlocked(cfg)
+}
+
+fn run_pair_unlocked(mut cfg: PerfConfig) -> (Vec<Report>, Served) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     cfg.port = listener.local_addr().unwrap().port();
     cfg.data_port = 0;
@@ -451,12 +462,13 @@ fn without_the_icrc_is_refused_over_verbs() {
               runs natively on x86-64"
 )]
 fn metaroce_senders_pace_to_the_receivers_fair_share() {
+    let _alone = RATE_TESTS.write().unwrap_or_else(|e| e.into_inner());
     let mut cfg = PerfConfig::new(Test::WriteBw);
     cfg.qps = 4;
     cfg.duration = Some(Duration::from_millis(1500));
     cfg.cc = Cc::MetaRoce;
     cfg.line_rate_mbps = 1_000;
-    let (reports, served) = run_pair(cfg);
+    let (reports, served) = run_pair_unlocked(cfg);
     let Report::Bw(r) = &reports[0] else { panic!() };
     assert!(r.verified && served.verified);
     assert!(
@@ -492,9 +504,9 @@ fn metaroce_senders_pace_to_the_receivers_fair_share() {
 }
 
 /// The line divided across servers: two server sessions (each its own engine, as two server
-/// processes are) at a line rate of 1 Gb/s, sharing one fair-share table, each with one MetaRoCE
-/// client: each client is given half, paces to it, and the two together move about 1 Gb/s. With
-/// no table each is given the whole line, and together they move twice the line.
+/// processes are) at a line rate of 400 Mb/s, sharing one fair-share table, each with one
+/// MetaRoCE client: each client is given half, paces to it, and the two together move about
+/// 0.4 Gb/s. With no table each is given the whole line, and together they move twice the line.
 #[test]
 #[cfg_attr(
     target_arch = "aarch64",
@@ -502,6 +514,7 @@ fn metaroce_senders_pace_to_the_receivers_fair_share() {
               senders never reach their shares; runs natively on x86-64"
 )]
 fn servers_sharing_a_table_divide_the_line_between_their_clients() {
+    let _alone = RATE_TESTS.write().unwrap_or_else(|e| e.into_inner());
     let table = std::env::temp_dir().join(format!("metaroce-share-test-{}", std::process::id()));
     let run = |table: Option<std::path::PathBuf>| {
         let pairs: Vec<_> = (0..2)
@@ -511,9 +524,9 @@ fn servers_sharing_a_table_divide_the_line_between_their_clients() {
                     let mut cfg = PerfConfig::new(Test::WriteBw);
                     cfg.duration = Some(Duration::from_millis(1500));
                     cfg.cc = Cc::MetaRoce;
-                    cfg.line_rate_mbps = 1_000;
+                    cfg.line_rate_mbps = 400;
                     cfg.share_table = table;
-                    run_pair(cfg)
+                    run_pair_unlocked(cfg)
                 })
             })
             .collect();
@@ -530,19 +543,19 @@ fn servers_sharing_a_table_divide_the_line_between_their_clients() {
     let shared = run(Some(table.clone()));
     let total: f64 = shared.iter().map(|x| x.0).sum();
     assert!(
-        (0.75..=1.15).contains(&total),
-        "two senders into one 1 Gb/s line: {shared:?}"
+        (0.3..=0.5).contains(&total),
+        "two senders into one 0.4 Gb/s line: {shared:?}"
     );
     for (gbps, hint) in &shared {
         // The last hint of a phase varies (the other client ending, its demand measured as it
         // slows down); never more than the line.
-        assert!((1..=1_000).contains(hint), "{shared:?}");
-        assert!((0.35..=0.6).contains(gbps), "{shared:?}");
+        assert!((1..=400).contains(hint), "{shared:?}");
+        assert!((0.14..=0.27).contains(gbps), "{shared:?}");
     }
     // Without the table, each server gives its client the whole line: twice the line together.
     let alone = run(None);
     let total: f64 = alone.iter().map(|x| x.0).sum();
-    assert!(total >= 1.5, "{alone:?}");
+    assert!(total >= 0.6, "{alone:?}");
     let _ = std::fs::remove_file(&table);
 }
 

@@ -207,7 +207,7 @@ pub fn random_u64() -> u64 {
     random_seed()
 }
 
-fn random_seed() -> u64 {
+pub(crate) fn random_seed() -> u64 {
     let mut b = [0u8; 8];
     // SAFETY: `b` is a live, writable 8-byte buffer.
     let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };

@@ -4,28 +4,30 @@
 //! it) and reads the others', so that the line is divided among all the connections arriving over
 //! it, not given whole to each process's.
 //!
-//! Layout: a header (magic, version, slot count), then [`SLOTS`] slots of 64 bytes, every field a
-//! 64-bit word read and written atomically: the owner (process id and an engine number, 0 for
-//! free), the owner's last update (`CLOCK_MONOTONIC` ns, the same clock in every process), the
-//! key (the line rate and the local address: only engines that receive on the same address at
-//! the same line rate share it), how many of its senders want all they can get, and what the
-//! others want together (Mb/s). A slot not updated for [`STALE_NS`] is free to take and counts for
-//! nothing (an engine that ended without clearing it). Nothing else is shared: no lock, no
-//! pointer, nothing a peer's bytes can reach.
+//! Layout: one header word (magic, version and slot count together, written once by a single
+//! compare-and-swap), then [`SLOTS`] slots of eight 64-bit words, each read and written
+//! atomically: the owner (a random token), the owner's last update (`CLOCK_MONOTONIC` ns, the same
+//! clock in every process), the key (the line rate and the local address: only engines that
+//! receive on the same address at the same line rate share it), how many of its senders want all
+//! they can get, what the others want together (Mb/s), and until when that holds. A slot not
+//! updated for [`STALE_NS`] (or dated in the future) is free to take and counts for nothing; a
+//! slot past its "until" counts for nothing. Nothing else is shared: no lock, no pointer, nothing a
+//! peer's bytes can reach. The file must be a regular file of this user with no access for others
+//! (it is made so); a file that is not, or that holds something else, is refused.
 
 use std::fs::OpenOptions;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Slots in a table: engines that can share one line.
 pub const SLOTS: usize = 64;
 /// A slot not updated for this long counts for nothing and may be taken. ns.
 pub const STALE_NS: u64 = 50_000_000;
 
-const MAGIC: u64 = 0x4d52_4f43_4553_4852; // "MROCESHR"
-const VERSION: u64 = 1;
+/// "MROCSHR", version 1, 64 slots: the header's one word.
+const HEADER: u64 = 0x4d52_4f43_5348_0140;
 const HEADER_WORDS: usize = 8;
 const SLOT_WORDS: usize = 8;
 const BYTES: usize = (HEADER_WORDS + SLOTS * SLOT_WORDS) * 8;
@@ -38,14 +40,12 @@ const KEY_HI: usize = 3;
 const KEY_LO: usize = 4;
 const UNBOUNDED: usize = 5;
 const BOUNDED: usize = 6;
-
-/// Engines numbered within this process (with the process id, a slot's owner).
-static ENGINES: AtomicU32 = AtomicU32::new(1);
+const UNTIL: usize = 7;
 
 /// The default table of this user: `/dev/shm/metaroce-fair-share-<uid>`.
 pub fn default_path() -> PathBuf {
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
     PathBuf::from(format!("/dev/shm/metaroce-fair-share-{uid}"))
 }
 
@@ -58,6 +58,12 @@ fn monotonic_ns() -> u64 {
     // SAFETY: `ts` is a valid timespec to write; CLOCK_MONOTONIC is always available on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Whether a slot updated at `updated` is fresh at `now` (a date in the future, a corrupt word
+/// or a file that outlived a reboot, is not).
+fn fresh(updated: u64, now: u64) -> bool {
+    updated <= now.saturating_add(STALE_NS) && now.saturating_sub(updated) < STALE_NS
 }
 
 /// This engine's slot in a host's table.
@@ -80,28 +86,39 @@ impl std::fmt::Debug for ShareTable {
 
 impl ShareTable {
     /// Maps the table at `path` (made if missing, mode 0600) and takes a free slot for an engine
-    /// receiving on `local_ip` at `line_rate_mbps`. None, with the reason, when the file cannot
-    /// be made or mapped, holds something else, or every slot is taken.
+    /// receiving on `local_ip` at `line_rate_mbps`. An error, with the reason, when the file
+    /// cannot be made or mapped, is not a private regular file of this user, holds something
+    /// else, or every slot is taken.
     pub fn open(path: &Path, local_ip: IpAddr, line_rate_mbps: u32) -> Result<Self, String> {
-        use std::os::unix::fs::OpenOptionsExt;
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        let err = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
         let f = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
             .open(path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        let len = f
-            .metadata()
-            .map_err(|e| format!("{}: {e}", path.display()))?
-            .len();
-        if len < BYTES as u64 {
-            f.set_len(BYTES as u64)
-                .map_err(|e| format!("{}: {e}", path.display()))?;
+            .map_err(|e| err(&e))?;
+        let meta = f.metadata().map_err(|e| err(&e))?;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        if !meta.file_type().is_file() || meta.uid() != me || meta.mode() & 0o077 != 0 {
+            return Err(err(&"not a private regular file of this user"));
+        }
+        if meta.len() < BYTES as u64 {
+            f.set_len(BYTES as u64).map_err(|e| err(&e))?;
+        }
+        // Blocks for the whole table now, so that a full tmpfs is an error here and not a
+        // SIGBUS at the first store.
+        // SAFETY: a valid open descriptor and a range within the file's length.
+        let r = unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, BYTES as libc::off_t) };
+        if r != 0 {
+            return Err(err(&std::io::Error::from_raw_os_error(r)));
         }
         // SAFETY: a shared read-write mapping of BYTES bytes of a file at least that long (set
-        // above); the result is checked before use.
+        // and allocated above); the result is checked before use.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -113,13 +130,8 @@ impl ShareTable {
             )
         };
         if p == libc::MAP_FAILED {
-            return Err(format!(
-                "{}: mmap: {}",
-                path.display(),
-                std::io::Error::last_os_error()
-            ));
+            return Err(err(&format!("mmap: {}", std::io::Error::last_os_error())));
         }
-        let base = p.cast::<AtomicU64>();
         let ip = match local_ip {
             IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
             IpAddr::V6(a) => a.octets(),
@@ -129,59 +141,75 @@ impl ShareTable {
             u64::from_be_bytes(ip[..8].try_into().unwrap_or_default()),
             u64::from_be_bytes(ip[8..].try_into().unwrap_or_default()),
         ];
-        let owner = (u64::from(std::process::id()) << 32)
-            | u64::from(ENGINES.fetch_add(1, Ordering::Relaxed));
         let mut t = ShareTable {
-            base,
+            base: p.cast::<AtomicU64>(),
             slot: usize::MAX,
-            owner,
+            owner: super::random_seed() | 1,
             key,
             path: path.to_path_buf(),
         };
-        // A new file is all zeros: stamp it; a file that holds something else is refused.
-        let magic = t.word(0);
-        if magic
-            .compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            t.word(1).store(VERSION, Ordering::Release);
-            t.word(2).store(SLOTS as u64, Ordering::Release);
-        } else if magic.load(Ordering::Acquire) != MAGIC
-            || t.word(1).load(Ordering::Acquire) != VERSION
-            || t.word(2).load(Ordering::Acquire) != SLOTS as u64
-        {
-            return Err(format!("{}: not a fair-share table", path.display()));
+        // A new file is all zeros: stamp it in one word; a file that holds something else is
+        // refused.
+        let header = t.word(0);
+        if let Err(seen) = header.compare_exchange(0, HEADER, Ordering::AcqRel, Ordering::Acquire) {
+            if seen != HEADER {
+                return Err(err(&"not a fair-share table"));
+            }
         }
+        if !t.claim() {
+            return Err(err(&format!("all {SLOTS} slots are taken")));
+        }
+        Ok(t)
+    }
+
+    /// Takes a slot that is free or stale: first its date (a compare-and-swap from the stale
+    /// date seen, so that two engines cannot both take it), then its owner and key.
+    fn claim(&mut self) -> bool {
         let now = monotonic_ns();
         for i in 0..SLOTS {
-            let o = t.slot_word(i, OWNER);
-            let seen = o.load(Ordering::Acquire);
-            let fresh =
-                now.saturating_sub(t.slot_word(i, UPDATED).load(Ordering::Acquire)) < STALE_NS;
-            if seen != 0 && fresh {
+            let updated = self.slot_word(i, UPDATED);
+            let seen = updated.load(Ordering::Acquire);
+            if fresh(seen, now) {
                 continue;
             }
-            if o.compare_exchange(seen, owner, Ordering::AcqRel, Ordering::Acquire)
+            if updated
+                .compare_exchange(seen, now, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                t.slot = i;
-                for (w, v) in [(KEY_RATE, key[0]), (KEY_HI, key[1]), (KEY_LO, key[2])] {
-                    t.slot_word(i, w).store(v, Ordering::Release);
-                }
-                t.slot_word(i, UNBOUNDED).store(0, Ordering::Release);
-                t.slot_word(i, BOUNDED).store(0, Ordering::Release);
-                t.slot_word(i, UPDATED).store(now, Ordering::Release);
-                return Ok(t);
+                self.slot = i;
+                self.slot_word(i, OWNER)
+                    .store(self.owner, Ordering::Release);
+                self.write(0, 0, 0, now);
+                return true;
             }
         }
-        Err(format!("{}: all {SLOTS} slots are taken", path.display()))
+        self.slot = usize::MAX;
+        false
+    }
+
+    /// Writes this engine's slot: its key, its senders, until when they hold, and the date.
+    fn write(&self, unbounded: u32, bounded_mbps: u64, until: u64, now: u64) {
+        let i = self.slot;
+        for (w, v) in [
+            (KEY_RATE, self.key[0]),
+            (KEY_HI, self.key[1]),
+            (KEY_LO, self.key[2]),
+            (UNBOUNDED, u64::from(unbounded)),
+            (BOUNDED, bounded_mbps),
+            (UNTIL, until),
+        ] {
+            self.slot_word(i, w).store(v, Ordering::Release);
+        }
+        self.slot_word(i, UPDATED).store(now, Ordering::Release);
     }
 
     fn word(&self, i: usize) -> &AtomicU64 {
         assert!(i < BYTES / 8);
         // SAFETY: `base` is a live mapping of BYTES bytes (page-aligned, so every word is
-        // aligned) for as long as `self`; `i` is in range (asserted); AtomicU64 has u64's layout
-        // and the words are only ever accessed atomically, by every process that maps them.
+        // aligned) for as long as `self`; `i` is in range (asserted); AtomicU64 has u64's layout.
+        // This process only ever reads and writes the words atomically; another process of the
+        // same user could write the file otherwise, which can make the values wrong (they are
+        // bounded where they are used) but not this access unsound.
         unsafe { &*self.base.add(i) }
     }
 
@@ -190,32 +218,30 @@ impl ShareTable {
     }
 
     /// Publishes what this engine's senders want (`unbounded` of them all they can get, the
-    /// rest `bounded_mbps` together) and returns the same of every other fresh engine sharing
-    /// this one's key.
-    pub fn exchange(&self, unbounded: u32, bounded_mbps: u64) -> (u32, u64) {
+    /// rest `bounded_mbps` together), valid for `valid_ns` unless published again, and returns
+    /// the same of every other engine sharing this one's key whose publication holds. An engine
+    /// that lost its slot (it stalled for longer than [`STALE_NS`] and another took it) takes
+    /// a slot again; with none free it counts the others only.
+    pub fn exchange(&mut self, unbounded: u32, bounded_mbps: u64, valid_ns: u64) -> (u32, u64) {
         let now = monotonic_ns();
-        if self.slot_word(self.slot, OWNER).load(Ordering::Acquire) != self.owner {
-            // Taken over (this engine stalled for longer than STALE_NS): take a slot again next
-            // time the engine opens one; until then count the others only.
-            return self.others(now);
+        let mine = self.slot < SLOTS
+            && self.slot_word(self.slot, OWNER).load(Ordering::Acquire) == self.owner;
+        if mine || self.claim() {
+            self.write(unbounded, bounded_mbps, now.saturating_add(valid_ns), now);
         }
-        self.slot_word(self.slot, UNBOUNDED)
-            .store(u64::from(unbounded), Ordering::Release);
-        self.slot_word(self.slot, BOUNDED)
-            .store(bounded_mbps, Ordering::Release);
-        self.slot_word(self.slot, UPDATED)
-            .store(now, Ordering::Release);
         self.others(now)
     }
 
     fn others(&self, now: u64) -> (u32, u64) {
         let (mut unbounded, mut bounded) = (0u32, 0u64);
-        for i in (0..SLOTS).filter(|&i| i != self.slot) {
-            if self.slot_word(i, OWNER).load(Ordering::Acquire) == 0 {
+        for i in 0..SLOTS {
+            let owner = self.slot_word(i, OWNER).load(Ordering::Acquire);
+            if owner == 0 || owner == self.owner {
                 continue;
             }
             let updated = self.slot_word(i, UPDATED).load(Ordering::Acquire);
-            if now.saturating_sub(updated) >= STALE_NS {
+            let until = self.slot_word(i, UNTIL).load(Ordering::Acquire);
+            if !fresh(updated, now) || now >= until {
                 continue;
             }
             let same = [(KEY_RATE, 0), (KEY_HI, 1), (KEY_LO, 2)]
@@ -239,7 +265,12 @@ impl ShareTable {
 
 impl Drop for ShareTable {
     fn drop(&mut self) {
-        if self.slot < SLOTS {
+        if self.slot < SLOTS
+            && self.slot_word(self.slot, OWNER).load(Ordering::Acquire) == self.owner
+        {
+            // Free at once: no date, no owner.
+            self.slot_word(self.slot, UPDATED)
+                .store(0, Ordering::Release);
             let _ = self.slot_word(self.slot, OWNER).compare_exchange(
                 self.owner,
                 0,
@@ -257,6 +288,8 @@ mod tests {
     use super::*;
     use std::net::Ipv4Addr;
 
+    const SECOND: u64 = 1_000_000_000;
+
     fn temp(name: &str) -> PathBuf {
         std::env::temp_dir().join(format!("metaroce-share-{}-{name}", std::process::id()))
     }
@@ -265,32 +298,71 @@ mod tests {
     fn engines_on_one_line_see_each_other_and_only_those() {
         let path = temp("see");
         let ip = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
-        let a = ShareTable::open(&path, ip, 1_000).unwrap();
-        let b = ShareTable::open(&path, ip, 1_000).unwrap();
+        let mut a = ShareTable::open(&path, ip, 1_000).unwrap();
+        let mut b = ShareTable::open(&path, ip, 1_000).unwrap();
         // Another address, or another line rate: another line.
-        let c = ShareTable::open(&path, IpAddr::V4(Ipv4Addr::new(10, 0, 0, 3)), 1_000).unwrap();
-        let d = ShareTable::open(&path, ip, 2_000).unwrap();
+        let mut c = ShareTable::open(&path, IpAddr::V4(Ipv4Addr::new(10, 0, 0, 3)), 1_000).unwrap();
+        let mut d = ShareTable::open(&path, ip, 2_000).unwrap();
         assert_ne!(a.slot, b.slot);
-        assert_eq!(a.exchange(1, 0), (0, 0));
-        assert_eq!(c.exchange(5, 0), (0, 0));
-        assert_eq!(d.exchange(7, 70), (0, 0));
-        assert_eq!(b.exchange(2, 300), (1, 0));
-        assert_eq!(a.exchange(1, 0), (2, 300));
+        assert_eq!(a.exchange(1, 0, SECOND), (0, 0));
+        assert_eq!(c.exchange(5, 0, SECOND), (0, 0));
+        assert_eq!(d.exchange(7, 70, SECOND), (0, 0));
+        assert_eq!(b.exchange(2, 300, SECOND), (1, 0));
+        assert_eq!(a.exchange(1, 0, SECOND), (2, 300));
         // An engine that ends gives its slot back and counts no more.
         drop(b);
-        assert_eq!(a.exchange(1, 0), (0, 0));
-        let e = ShareTable::open(&path, ip, 1_000).unwrap();
-        assert_eq!(e.exchange(3, 0), (1, 0));
+        assert_eq!(a.exchange(1, 0, SECOND), (0, 0));
+        let mut e = ShareTable::open(&path, ip, 1_000).unwrap();
+        assert_eq!(e.exchange(3, 0, SECOND), (1, 0));
         drop((a, c, d, e));
         let _ = std::fs::remove_file(&path);
     }
 
     #[test]
-    fn a_file_that_is_not_a_table_is_refused() {
+    fn a_file_that_is_not_a_private_table_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
         let path = temp("foreign");
         std::fs::write(&path, vec![0xabu8; BYTES]).unwrap();
-        let e = ShareTable::open(&path, IpAddr::V4(Ipv4Addr::LOCALHOST), 1_000).unwrap_err();
+        // Readable by others: refused whatever it holds.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = ShareTable::open(&path, ip, 1_000).unwrap_err();
+        assert!(e.contains("not a private regular file"), "{e}");
+        // Private, but something else.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let e = ShareTable::open(&path, ip, 1_000).unwrap_err();
         assert!(e.contains("not a fair-share table"), "{e}");
+        // A symbolic link is not followed.
+        let link = temp("link");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert!(ShareTable::open(&link, ip, 1_000).is_err());
+        let _ = std::fs::remove_file(&link);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn a_publication_holds_for_its_time_and_a_lost_slot_is_taken_again() {
+        let path = temp("until");
+        let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let mut a = ShareTable::open(&path, ip, 1_000).unwrap();
+        let mut b = ShareTable::open(&path, ip, 1_000).unwrap();
+        // A's senders hold for 1 ms only: after it, B counts none of them.
+        assert_eq!(a.exchange(4, 0, 1_000_000), (0, 0));
+        assert_eq!(b.exchange(1, 0, SECOND), (4, 0));
+        std::thread::sleep(std::time::Duration::from_millis(3));
+        assert_eq!(b.exchange(1, 0, SECOND), (0, 0));
+        // Another engine takes A's slot (as if A had stalled past STALE_NS): A takes another
+        // at its next exchange, and neither counts the other's slot as its own.
+        let taken = a.slot;
+        a.slot_word(taken, UPDATED).store(0, Ordering::Release);
+        let mut c = ShareTable::open(&path, ip, 1_000).unwrap();
+        assert_eq!(c.slot, taken);
+        assert_eq!(c.exchange(2, 0, SECOND), (1, 0));
+        assert_eq!(a.exchange(3, 0, SECOND), (3, 0));
+        assert_ne!(a.slot, taken);
+        assert_eq!(b.exchange(1, 0, SECOND), (5, 0));
+        drop((a, b, c));
         let _ = std::fs::remove_file(&path);
     }
 

@@ -36,8 +36,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         } else {
             self.cfg.rto_high
         };
+        // A tiny hint (the peer's, or a share collapsed for a moment) must not put loss
+        // detection off for seconds: at most sixteen long timeouts more.
+        let drain = self.drain_ns().min(self.cfg.rto_high.saturating_mul(16));
         base.max(p.srtt + 4 * p.rttvar)
-            .max(self.drain_ns().saturating_add(base))
+            .max(drain.saturating_add(base))
     }
 
     /// How long what the connection has in flight takes to leave at its rate (0 when the rate

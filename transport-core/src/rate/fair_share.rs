@@ -51,6 +51,9 @@ pub const HELD: (u64, u64) = (3, 4);
 /// A sender held back by its application wants what it sends and this much more (1/4).
 pub const GROWTH: (u64, u64) = (1, 4);
 
+/// The most senders of other runners a table counts (see [`FairShare::set_others`]).
+pub const MAX_OTHERS: u32 = 1 << 16;
+
 /// The fair shares of up to `N` senders into one receiver of `capacity_mbps`.
 #[derive(Debug, Clone)]
 pub struct FairShare<const N: usize> {
@@ -138,8 +141,10 @@ impl<const N: usize> FairShare<N> {
     /// table's own: the unbounded ones at the level, the others at their demands, which are taken
     /// to be met (they are under their shares where they were measured).
     pub fn set_others(&mut self, unbounded: u32, bounded_mbps: u64) {
-        self.others_unbounded = unbounded;
-        self.others_mbps = bounded_mbps;
+        // Another runner's counts come from outside this one: no more senders than a receiver
+        // can have, no more demand than the line.
+        self.others_unbounded = unbounded.min(MAX_OTHERS);
+        self.others_mbps = bounded_mbps.min(u64::from(self.capacity_mbps));
     }
 
     /// What this table's own senders want, for other runners' [`FairShare::set_others`]: how
@@ -195,7 +200,6 @@ impl<const N: usize> FairShare<N> {
             s.last_seen = now;
             return Ok(());
         }
-        self.first_window(now);
         self.senders
             .push(Sender {
                 id,
@@ -204,7 +208,9 @@ impl<const N: usize> FairShare<N> {
                 since: now,
                 bytes: 0,
             })
-            .map_err(|_| FairShareError::Full)
+            .map_err(|_| FairShareError::Full)?;
+        self.first_window(now);
+        Ok(())
     }
 
     /// `bytes` of sender `id`'s data arrived by `now` (since its last call): its demand is
@@ -219,9 +225,7 @@ impl<const N: usize> FairShare<N> {
         let level = self.level_mbps();
         let (idle, packet) = (self.idle_ns, u64::from(self.packet_bytes));
         let Some(s) = self.senders.iter_mut().find(|s| s.id == id) else {
-            self.first_window(now);
-            return self
-                .senders
+            self.senders
                 .push(Sender {
                     id,
                     demand_mbps: u32::MAX,
@@ -229,14 +233,22 @@ impl<const N: usize> FairShare<N> {
                     since: now,
                     bytes,
                 })
-                .map_err(|_| FairShareError::Full);
+                .map_err(|_| FairShareError::Full)?;
+            self.first_window(now);
+            return Ok(());
         };
         s.last_seen = now;
         s.bytes = s.bytes.saturating_add(bytes);
         let share = s.demand_mbps.min(level);
         let interval = idle.max(MEASURE_GAPS.saturating_mul(serialisation_ns(packet, share)));
         let dt = now.since(s.since);
-        if dt >= interval.max(1) {
+        if dt > interval.max(1).saturating_mul(2) {
+            // Silent for most of the interval, then back: a sender paying for its first window
+            // at its hint, or stalled. Silence says nothing of what it wants (a demand cut for
+            // it would cut its hint, and lengthen a debt booked at the hint): measure afresh.
+            s.since = now;
+            s.bytes = bytes;
+        } else if dt >= interval.max(1) {
             // bytes * 8 bits / dt ns is Gb/s; Mb/s is a thousand times that.
             let rate = (u128::from(s.bytes) * 8_000 / u128::from(dt)).min(u128::from(u32::MAX));
             let rate = rate as u64;
@@ -276,21 +288,28 @@ impl<const N: usize> FairShare<N> {
     /// The water level over the tracked senders, Mb/s: every sender's share is the lesser of
     /// its demand and this (`u32::MAX` while every demand is met).
     pub fn level_mbps(&self) -> u32 {
-        let others = core::iter::repeat_n(u32::MAX, self.others_unbounded as usize);
         let capacity = u64::from(self.capacity_now_mbps()).saturating_sub(self.others_mbps);
-        water_level(
+        water_level_with(
             capacity.max(1) as u32,
-            self.senders.iter().map(|s| s.demand_mbps).chain(others),
+            self.senders.iter().map(|s| s.demand_mbps),
+            u64::from(self.others_unbounded),
         )
         .map_or(u32::MAX, |l| l.min(u64::from(u32::MAX)) as u32)
     }
 
     /// Sender `id`'s share, Mb/s: max-min fairness over every tracked sender's demand (a sender
     /// that wants less than an equal split gets what it wants, the rest is split among the
-    /// others). None for a sender not tracked.
+    /// others), at least 1 (a hint of 0 means none: a sender given 0 would run unpaced). None
+    /// for a sender not tracked.
     pub fn share(&self, id: u32) -> Option<u32> {
+        self.share_at(id, self.level_mbps())
+    }
+
+    /// [`FairShare::share`] at a water level from [`FairShare::level_mbps`], for a runner that
+    /// hands out every sender's share at once (one level, not one per sender).
+    pub fn share_at(&self, id: u32, level_mbps: u32) -> Option<u32> {
         let me = self.senders.iter().find(|s| s.id == id)?;
-        Some(me.demand_mbps.min(self.level_mbps()))
+        Some(me.demand_mbps.min(level_mbps).max(1))
     }
 }
 
@@ -310,6 +329,17 @@ pub fn max_min_share(capacity: u32, demands: impl Iterator<Item = u32> + Clone, 
 /// The water level L of `capacity` over `demands`: sum(min(d, L)) = capacity; None when the
 /// capacity meets every demand (or there is none).
 fn water_level(capacity: u32, demands: impl Iterator<Item = u32> + Clone) -> Option<u64> {
+    water_level_with(capacity, demands, 0)
+}
+
+/// [`water_level`] with `extra` more senders that want all they can get (`u32::MAX`), counted
+/// rather than listed.
+fn water_level_with(
+    capacity: u32,
+    demands: impl Iterator<Item = u32> + Clone,
+    extra: u64,
+) -> Option<u64> {
+    const ALL: u64 = u32::MAX as u64;
     // Water-filling without sorting: raise the level to each demand in increasing order of
     // demand, found by scanning for the next larger one.
     let mut left = u64::from(capacity);
@@ -317,14 +347,17 @@ fn water_level(capacity: u32, demands: impl Iterator<Item = u32> + Clone) -> Opt
     loop {
         // The next demand above the current level, and how many senders still want more than
         // the level (a demand of 0 is met before the first step).
-        let next = demands
-            .clone()
-            .map(u64::from)
-            .filter(|&d| d > level)
-            .min()?;
-        let above = demands.clone().filter(|&d| u64::from(d) > level).count() as u64;
+        let own = demands.clone().map(u64::from).filter(|&d| d > level).min();
+        let extra_above = if level < ALL { extra } else { 0 };
+        let next = match own {
+            Some(n) => n,
+            None if extra_above > 0 => ALL,
+            None => return None,
+        };
+        let above = (demands.clone().filter(|&d| u64::from(d) > level).count() as u64)
+            .saturating_add(extra_above);
         // Raising everyone above the level to `next` costs (next - level) each.
-        let cost = (next - level) * above;
+        let cost = (next - level).saturating_mul(above);
         if cost > left {
             return Some(level + left / above);
         }
@@ -487,6 +520,25 @@ mod tests {
         assert_eq!(f.summary(), (1, 100));
         assert_eq!(f.share(2), Some(100));
         assert_eq!(f.share(1), Some(250));
+    }
+
+    #[test]
+    fn silence_then_a_packet_is_no_measure_of_demand() {
+        // Two senders on 10 Gb/s; intervals of at least 10 us. Sender 1 sends its first window
+        // and then nothing for 300 us (paying for it at its hint), then one packet: its demand
+        // is not cut to what that packet over 300 us would say.
+        let mut f: FairShare<4> = FairShare::new(10_000, 1_000_000, 1024);
+        f.received(1, 64 * 1024, at(0)).unwrap();
+        f.received(2, 1024, at(0)).unwrap();
+        f.received(1, 1024, at(300_000)).unwrap();
+        f.received(2, 1024, at(300_000)).unwrap();
+        assert_eq!(f.share(1), Some(5_000));
+        // A share of 0 is never handed out: a hint of 0 means none.
+        let mut g: FairShare<4> = FairShare::new(10_000, 1_000_000, 1024);
+        g.heard(1, u32::MAX, at(0)).unwrap();
+        g.heard(2, u32::MAX, at(0)).unwrap();
+        g.set_others(u32::MAX, u64::MAX);
+        assert_eq!(g.share(1), Some(1));
     }
 
     #[test]
