@@ -402,15 +402,20 @@ mod tests {
         assert_eq!(f.share(2), Some(100_000));
     }
 
-    #[test]
-    fn a_queue_in_front_drains() {
-        // 100 Gb/s, 4 senders; a target of 2 us and a horizon of 40 us.
-        let mut f: FairShare<8> = FairShare::new(100_000, 50_000, 4096).with_drain(Drain {
+    /// A target of 2 us, a horizon of 40 us, a floor of an eighth, first windows as given.
+    fn drain(first_window_bytes: u64) -> Drain {
+        Drain {
             target_ns: 2_000,
             horizon_ns: 40_000,
             floor: 128,
-            first_window_bytes: 0,
-        });
+            first_window_bytes,
+        }
+    }
+
+    #[test]
+    fn a_queue_in_front_drains() {
+        // 100 Gb/s, 4 senders; a target of 2 us and a horizon of 40 us.
+        let mut f: FairShare<8> = FairShare::new(100_000, 50_000, 4096).with_drain(drain(0));
         for id in 0..4 {
             f.heard(id, u32::MAX, at(0)).unwrap();
         }
@@ -431,12 +436,8 @@ mod tests {
     #[test]
     fn the_drain_waits_for_the_line_to_carry_the_first_windows() {
         // 100 Gb/s; first windows of 125 KB take 10 us each at the line.
-        let mut f: FairShare<8> = FairShare::new(100_000, 1_000_000, 4096).with_drain(Drain {
-            target_ns: 2_000,
-            horizon_ns: 40_000,
-            floor: 128,
-            first_window_bytes: 125_000,
-        });
+        let mut f: FairShare<8> =
+            FairShare::new(100_000, 1_000_000, 4096).with_drain(drain(125_000));
         // Four senders arrive at 0, 1, 2 and 3 us: their first windows keep the line busy
         // until 40 us.
         for id in 0..4u32 {
