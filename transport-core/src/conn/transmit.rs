@@ -49,6 +49,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if self.rate.paced() {
             return self.transmit_paced(now, buf);
         }
+        self.transmit_data(now, buf)
+    }
+
+    /// A retransmission if one is due, else a new packet; the controller counts it.
+    #[inline(always)]
+    fn transmit_data(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         let t = match self.transmit_retx(now, buf) {
             Some(t) => t,
             None => self.transmit_new(now, buf)?,
@@ -69,12 +75,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             }
         }
         self.pace_at = None;
-        let t = match self.transmit_retx(now, buf) {
-            Some(t) => t,
-            None => self.transmit_new(now, buf)?,
-        };
-        self.rate.on_departure(now, t.len as u64, PACE_BURST);
-        Some(t)
+        self.transmit_data(now, buf)
     }
 
     /// The BTH of a datagram to the peer (its pad count is set when the headers are written).
