@@ -384,3 +384,44 @@ fn a_metaroce_sender_paces_to_the_receivers_hint() {
         q.now.since(start)
     );
 }
+
+#[test]
+fn a_tiny_hint_cannot_put_loss_detection_off_for_long() {
+    // B's hint: 1 Mb/s (a hostile peer's, or a share collapsed for a moment). A's data in flight
+    // would take seconds to leave at it; its retransmission timer waits at most sixteen long
+    // timeouts more than the long timeout.
+    let mut p = pair_with(transport_core::rate::Algorithm::MetaRoce);
+    p.b.conn.set_rate_hint(1);
+    p.a.conn
+        .post(p.now, common::write_at(1, 0, 1024, KEY))
+        .unwrap();
+    settle_over_delay(&mut p, DELAY);
+    assert_eq!(p.a.conn.rate_status().rate_mbps, 1);
+    // A write that then never gets through: everything A sends is lost.
+    p.a.conn
+        .post(p.now, common::write_at(2, 0, 256 * 1024, KEY))
+        .unwrap();
+    let in_flight = |p: &common::Pair| {
+        (0..4)
+            .filter_map(|i| p.a.conn.path_stats(PathId(i)))
+            .map(|s| s.in_flight)
+            .sum::<u32>()
+    };
+    let mut worst = 0u64;
+    for _ in 0..20_000 {
+        p.round(&mut |to_b, _| to_b);
+        // While data is in flight the earliest deadline is its retransmission's (the pacer's
+        // next departure, a packet's time at 1 Mb/s, is 8.6 ms away).
+        if in_flight(&p) > 0 {
+            if let Some(t) = p.a.conn.poll_timeout() {
+                worst = worst.max(t.since(p.now));
+            }
+        }
+    }
+    let rto_high = p.a.conn.config().rto_high;
+    assert!(worst > 0, "a timer is armed while data is in flight");
+    assert!(
+        worst <= 17 * rto_high + 1_000,
+        "{worst} ns against a long timeout of {rto_high}"
+    );
+}
