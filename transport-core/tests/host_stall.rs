@@ -96,3 +96,37 @@ fn a_silence_long_enough_fails_the_paths_over() {
     let (_, c) = with_a_silent_peer(20_000_000);
     assert!(c.path_failures > 0, "{c:?}");
 }
+
+/// The peer's host stalls for 2 ms, about six long timeouts of this configuration (320 us): every
+/// path's flight and its tail probes go unanswered meanwhile, but nothing came from the peer on
+/// any path either, so no path's silence is evidence of loss. The tail probes go again (one per
+/// timeout) and the answers, when the peer runs, show everything arrived: nothing is declared
+/// lost, nothing is sent twice and no path is declared failed. (Before this rule, the second timeout declared every path's
+/// flight lost: a window of needless retransmissions per path.)
+#[test]
+fn a_stalled_peer_costs_no_retransmission() {
+    let (_, c) = with_a_silent_peer(2_000_000);
+    assert!(
+        c.peer_silent_waits > 0,
+        "the paths waited for the peer: {c:?}"
+    );
+    assert_eq!(
+        (
+            c.retransmitted,
+            c.lost_by_timeout,
+            c.lost_by_sack,
+            c.path_failures
+        ),
+        (0, 0, 0, 0),
+        "{c:?}"
+    );
+}
+
+/// A silence longer than eight long timeouts may be every route dying: what the paths carried is
+/// then declared lost (to go again as soon as a path carries data), as before the peer's silence
+/// counted.
+#[test]
+fn a_long_silence_declares_the_flight_lost() {
+    let (_, c) = with_a_silent_peer(20_000_000);
+    assert!(c.lost_by_timeout + c.lost_by_sack > 0, "{c:?}");
+}

@@ -225,7 +225,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     self.settle_path_una(i);
                     continue;
                 }
-                let wait = self.overdue_after(i);
+                let mut wait = self.overdue_after(i);
+                let waits_for_peer = self.waits_for_peer(self.paths[i].tail_probe_at, now);
+                if waits_for_peer && self.paths[i].tail_probe_tries >= TAIL_PROBE_TRIES {
+                    // Probes again while the peer is silent: one per long timeout.
+                    wait = wait.max(self.rto(&self.paths[i]));
+                }
                 let p = &mut self.paths[i];
                 if p.tail_probe_pending {
                     break;
@@ -239,7 +244,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     if now < p.tail_probe_at + wait {
                         break;
                     }
-                    if p.tail_probe_tries < TAIL_PROBE_TRIES {
+                    if p.tail_probe_tries < TAIL_PROBE_TRIES || waits_for_peer {
+                        // Not answered: probe again, also while the whole peer has been
+                        // silent since the probe left (no evidence against this path).
+                        if p.tail_probe_tries >= TAIL_PROBE_TRIES {
+                            self.counters.peer_silent_waits += 1;
+                        }
                         p.tail_probe_pending = true;
                         self.control_dirty = true;
                         break;

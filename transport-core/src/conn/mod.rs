@@ -84,6 +84,12 @@ const TAIL_PROBE_TRIES: u8 = 2;
 /// connection waits for it, before they count towards declaring the path failed: a stalled peer
 /// host is not a dead route, but a silence this long may be every route dying at once.
 const QUIET_PROBES: u8 = 8;
+/// How long, in long retransmission timeouts (`Config::rto_high`), the whole peer may be silent
+/// before a path's unanswered tail probe counts as the loss of what the path carried. While the
+/// peer answers nothing on any path, one path's silence is no evidence against that path: the peer's
+/// host may be stalled (a software peer whose CPU went to other work), and what it answers when it
+/// runs again tells exactly what was lost. A silence this long may be every route dying at once.
+const PEER_SILENCE_RTOS: u64 = 8;
 /// Pending NACKs at most.
 const NACK_QUEUE: usize = 16;
 /// Fatal refusals a responder holds until the requester confirms them; while all are taken, a
@@ -177,8 +183,9 @@ pub struct Connection<
     queue_delay: u32,
     /// When a paced connection may send its next data packet (held back until then).
     pace_at: Option<Instant>,
-    /// When a datagram of this connection last passed the checks (from any path).
-    last_heard: Instant,
+    /// When a datagram of this connection last passed the checks (from any path); `None` until
+    /// the first.
+    last_heard: Option<Instant>,
 }
 
 impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: usize>
@@ -281,7 +288,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             hint_out: 0,
             queue_delay: 0,
             pace_at: None,
-            last_heard: Instant::ZERO,
+            last_heard: None,
             cfg,
         }
     }

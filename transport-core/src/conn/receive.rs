@@ -77,7 +77,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
         // The peer is alive and this end is hearing it: a path whose probes go unanswered
         // meanwhile is at fault, not the hosts.
-        self.last_heard = now;
+        self.last_heard = Some(now);
         match view.ext {
             Extensions::MrAck(ack) => self
                 .on_ack(now, AckOrigin::Own { src_port }, bth.psn, &ack)

@@ -194,6 +194,18 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             self.control_dirty = true;
             return;
         }
+        if self.paths[i].state == PathState::Active
+            && self.waits_for_peer(self.paths[i].tail_probe_at, now)
+        {
+            // The whole peer has been silent since the tail probe left: no evidence against
+            // this path. Probe its tail again; the answer tells what was lost.
+            let p = &mut self.paths[i];
+            p.tail_probe_pending = true;
+            p.timer_from = now;
+            self.counters.peer_silent_waits += 1;
+            self.control_dirty = true;
+            return;
+        }
         let mut lost = 0;
         let (una, next) = (self.paths[i].una, self.paths[i].next_seq);
         let mut s = una;
@@ -211,6 +223,21 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         self.counters.lost_by_timeout += lost;
         self.rate.on_timeout(PathId(i as u8), now);
         self.path_silent(i, now);
+    }
+
+    /// Whether a path whose tail probe left at `probe_at` and was not answered should wait for
+    /// the peer instead of declaring what it carried lost: nothing at all came from the peer, on
+    /// any path, since the probe left (the peer was heard before: a peer never heard gives no
+    /// reason to wait), and for less than [`PEER_SILENCE_RTOS`] long timeouts. Evidence against
+    /// the path is the peer answering while the path does not.
+    pub(super) fn waits_for_peer(&self, probe_at: Instant, now: Instant) -> bool {
+        match self.last_heard {
+            Some(heard) => {
+                heard <= probe_at
+                    && now.since(heard) < self.cfg.rto_high.saturating_mul(PEER_SILENCE_RTOS)
+            }
+            None => false,
+        }
     }
 
     /// Path `i` lost what it carried and did not answer in time (a second timeout, or a probe of

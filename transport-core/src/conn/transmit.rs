@@ -262,7 +262,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 // peer has been silent for `QUIET_PROBES` probes (every route may be dead: the
                 // paths must take new ones). Otherwise the peer's host or this one was stalled
                 // and no path is at fault.
-                let heard = self.last_heard > p.probe_at;
+                let heard = self.last_heard > Some(p.probe_at);
                 if p.probes_unanswered == 0 || heard || !waiting || p.quiet_probes >= QUIET_PROBES {
                     p.probes_unanswered = p.probes_unanswered.saturating_add(1);
                     p.quiet_probes = 0;

@@ -286,6 +286,10 @@ pub struct Counters {
     /// while this one stayed unresolved past its path's round trip (instead of waiting for the
     /// path's retransmission timeout).
     pub overdue_probes: u64,
+    /// Tail probes sent again, instead of declaring a path's flight lost, because the whole
+    /// peer had been silent (on every path) since the last one left: the peer's host stalled,
+    /// not the path (up to eight long timeouts of silence).
+    pub peer_silent_waits: u64,
     /// ACKs sent (stand-alone and carried by data packets).
     pub acks_sent: u64,
     /// ACKs carried by data packets (included in `acks_sent`).

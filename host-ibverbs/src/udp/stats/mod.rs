@@ -96,6 +96,7 @@ pub fn connection_named(c: &Counters) -> Vec<(&'static str, u64)> {
         ("lost_by_sack", c.lost_by_sack),
         ("lost_by_timeout", c.lost_by_timeout),
         ("overdue_probes", c.overdue_probes),
+        ("peer_silent_waits", c.peer_silent_waits),
         ("acks_sent", c.acks_sent),
         ("acks_piggybacked", c.acks_piggybacked),
         ("acks_piggyback_received", c.acks_piggyback_received),
