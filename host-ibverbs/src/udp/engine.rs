@@ -33,7 +33,7 @@ mod transmit;
 pub(crate) use mems::{MemEntry, Mems};
 use pcap::write_pcap;
 pub(crate) use requests::{Keepalive, Pending, Requests};
-use transmit::{LastPath, Stage, TxSocket};
+use transmit::{LastPath, Stage, TxSocket, PATH_CACHE};
 
 /// Paths per connection at most.
 pub const MAX_PATHS: usize = 64;
@@ -151,10 +151,11 @@ pub(crate) struct Engine {
     stages: Vec<Stage>,
     /// Where each (source port, destination) stages, in `stages`.
     stage_of: HashMap<(u16, SocketAddr), usize>,
-    /// The last path port and destination a datagram was staged for, the port it left from and
-    /// its stage: a ping-pong (one path while idle) finds both without a lookup. Send sockets
-    /// and stages are never removed, so it does not go stale.
-    last_path: Option<LastPath>,
+    /// The path ports and destinations datagrams were staged for lately, the port each left
+    /// from and its stage, by path port (direct-mapped, [`PATH_CACHE`] entries): a connection
+    /// sprays consecutive packets over its paths, and each finds its socket and stage without
+    /// two hash lookups. Send sockets and stages are never removed, so entries do not go stale.
+    path_cache: [Option<LastPath>; PATH_CACHE],
     /// Stages holding datagrams, to be flushed.
     queued: Vec<usize>,
     /// Datagrams the next receive call asks for (1 to `RX_BATCH`).
@@ -216,7 +217,7 @@ impl Engine {
             scratch: vec![0u8; 65536],
             stages: Vec::new(),
             stage_of: HashMap::default(),
-            last_path: None,
+            path_cache: [None; PATH_CACHE],
             queued: Vec::new(),
             qpn_list: Vec::new(),
             rounds: 0,

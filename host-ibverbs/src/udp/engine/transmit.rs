@@ -17,13 +17,17 @@ pub(super) struct Stage {
     pub(super) queued: bool,
 }
 
-/// Where the last datagram staged went: its source port, its destination and its stage.
+/// Where a datagram of a path port went: its source port, its destination and its stage.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct LastPath {
     pub(super) port: u16,
     pub(super) dst: SocketAddr,
     pub(super) stage: usize,
 }
+
+/// Entries of the engine's path cache (`Engine::path_cache`): more than the paths of a few
+/// connections.
+pub(super) const PATH_CACHE: usize = 64;
 
 /// Messages per `sendmmsg` call.
 pub(super) const TX_BATCH: usize = 64;
@@ -137,7 +141,8 @@ impl Engine {
                 break;
             };
             let port = tx.src_port;
-            let stage = match self.last_path {
+            let slot = usize::from(port) % PATH_CACHE;
+            let stage = match self.path_cache[slot] {
                 Some(l) if l.port == port && l.dst == peer => l.stage,
                 _ => {
                     let w = tx_socket(
@@ -161,7 +166,7 @@ impl Engine {
                         tx.src_port = w;
                     }
                     let i = stage_of(&mut self.stages, &mut self.stage_of, (w, peer));
-                    self.last_path = Some(LastPath {
+                    self.path_cache[usize::from(w) % PATH_CACHE] = Some(LastPath {
                         port: w,
                         dst: peer,
                         stage: i,
