@@ -60,10 +60,10 @@ for r in $(seq 1 "$ROUNDS"); do
   sleep 0.3
   j=$(ina "$M" write-bw 10.78.0.2 -p 18806 -D "$SECS" --json "$@" 2>/dev/null | head -1)
   wait "$!" 2>/dev/null || true
-  m=$(echo "$j" | python3 -c 'import json,sys; j=json.loads(sys.stdin.readline()); print(j["bw_avg_gbps"], j["retransmits"], j["path_failures"], j["verified"])')
-  read -r mb retx fails ok <<<"$m"
-  printf 'round %d: iperf3 %.2f Gb/s, udp ceiling %.2f Gb/s (%d-byte datagrams), write-bw %.2f Gb/s (%.2fx, %.2fx) retransmits %s path failures %s verified %s\n' \
-    "$r" "$t" "$c" "$DGRAM" "$mb" "$(python3 -c "print($mb/$t)")" "$(python3 -c "print($mb/$c)")" "$retx" "$fails" "$ok"
+  m=$(echo "$j" | python3 -c 'import json,sys; j=json.loads(sys.stdin.readline()); print(j["bw_avg_gbps"], j["retransmits"], "%d/%d/%d" % (j["lost_by_sack"], j["lost_by_timeout"], j["peer_silent_waits"]), j["path_failures"], j["verified"])')
+  read -r mb retx why fails ok <<<"$m"
+  printf 'round %d: iperf3 %.2f Gb/s, udp ceiling %.2f Gb/s (%d-byte datagrams), write-bw %.2f Gb/s (%.2fx, %.2fx) retransmits %s (lost by sack/timeout, peer waits: %s) path failures %s verified %s\n' \
+    "$r" "$t" "$c" "$DGRAM" "$mb" "$(python3 -c "print($mb/$t)")" "$(python3 -c "print($mb/$c)")" "$retx" "$why" "$fails" "$ok"
   tcp+=("$t"); udp+=("$c"); mr+=("$mb")
 done
 join() { local IFS=,; echo "$*"; }

@@ -32,6 +32,9 @@ impl Report {
                 "cnps_received": r.cnps_received,
                 "paths_used": r.paths_used,
                 "path_failures": r.path_failures,
+                "lost_by_sack": r.lost_by_sack,
+                "lost_by_timeout": r.lost_by_timeout,
+                "peer_silent_waits": r.peer_silent_waits,
                 "connections": r.connections.iter().map(|c| json!({
                     "rate_mbps": c.rate_mbps,
                     "connection_window": c.connection_window,

@@ -54,6 +54,14 @@ pub struct BwResult {
     pub paths_used: usize,
     /// Paths declared failed (each then took a new UDP source port), all connections.
     pub path_failures: u64,
+    /// Why packets were sent again: losses shown by SACK gaps or by a tail probe's answer, and
+    /// losses declared by a retransmission timeout, all connections.
+    pub lost_by_sack: u64,
+    /// See `lost_by_sack`.
+    pub lost_by_timeout: u64,
+    /// Tail probes sent again while the whole peer was silent, instead of declaring a window
+    /// lost (the peer's host stalled), all connections.
+    pub peer_silent_waits: u64,
     /// Each connection's rate controller at the end of the phase (UDP transport; none for
     /// verbs, whose NIC runs its own).
     pub connections: Vec<ConnRate>,
@@ -100,6 +108,9 @@ impl BwResult {
             cnps_received: parts.iter().map(|p| p.cnps_received).sum(),
             paths_used: parts.iter().map(|p| p.paths_used).min().unwrap_or(0),
             path_failures: parts.iter().map(|p| p.path_failures).sum(),
+            lost_by_sack: parts.iter().map(|p| p.lost_by_sack).sum(),
+            lost_by_timeout: parts.iter().map(|p| p.lost_by_timeout).sum(),
+            peer_silent_waits: parts.iter().map(|p| p.peer_silent_waits).sum(),
             connections: parts.iter().flat_map(|p| p.connections.clone()).collect(),
         }
     }
@@ -470,6 +481,9 @@ pub(super) fn client_phase(
         r.paths_used = ep.paths_used();
         r.connections = ep.conn_rates();
         r.path_failures = added(|c| c.path_failures);
+        r.lost_by_sack = added(|c| c.lost_by_sack);
+        r.lost_by_timeout = added(|c| c.lost_by_timeout);
+        r.peer_silent_waits = added(|c| c.peer_silent_waits);
         let counts_s = counts
             .iter()
             .map(u64::to_string)

@@ -152,6 +152,9 @@ pub(super) fn client_bw(
             connections: Vec::new(),
             paths_used: 0,
             path_failures: 0,
+            lost_by_sack: 0,
+            lost_by_timeout: 0,
+            peer_silent_waits: 0,
         },
         done,
     ))
