@@ -60,8 +60,8 @@ pub(super) fn icrc_headers(
     }
 }
 
-/// Slots of an [`IcrcPrefixes`] cache.
-pub(super) const ICRC_SLOTS: usize = 8;
+/// Sets of an [`IcrcPrefixes`] cache, of two slots each: one per path (paths beyond share).
+pub(super) const ICRC_SETS: usize = 16;
 
 /// The ICRC prefixes (the CRC of the headers of `icrc_headers`, split for whole blocks: see
 /// [`icrc::SplitPrefix`]) of one direction of a connection, by UDP source port (it varies with
@@ -69,8 +69,43 @@ pub(super) const ICRC_SLOTS: usize = 8;
 /// size: a ping-pong, full-sized bulk packets) hashes its own bytes only. The addresses and the
 /// destination port are fixed for the direction (the configuration does not change after the
 /// connection is made).
-#[derive(Debug, Clone, Default)]
-pub(super) struct IcrcPrefixes([Option<(u64, icrc::SplitPrefix)>; ICRC_SLOTS]);
+///
+/// A set of two slots per path (the most recently used first: a path's full-sized packets and
+/// its last ones, or its ACKs), chosen by the path's index, which the caller knows (the sender's
+/// path, or the path byte of an arriving MetaRoCE header; a hash of the port otherwise). The
+/// index only places an entry: a port and length are always checked, so a wrong or hostile
+/// path byte costs a recomputation, never a wrong CRC. The ports of a connection's paths are
+/// drawn at random: one slot per hash of their low bits had eight paths sprayed in turn evict
+/// each other for about three packets in five.
+#[derive(Debug, Clone)]
+pub(super) struct IcrcPrefixes([[Option<(u64, icrc::SplitPrefix)>; 2]; ICRC_SETS]);
+
+impl Default for IcrcPrefixes {
+    fn default() -> Self {
+        Self([[None; 2]; ICRC_SETS])
+    }
+}
+
+/// The path byte of a MetaRoCE header (data, ACK, NACK or probe), which the peer sets.
+#[inline]
+pub(super) fn path_byte(ext: &crate::wire::Extensions) -> Option<u8> {
+    use crate::wire::Extensions as E;
+    match ext {
+        E::MrAck(a) => Some(a.path_id),
+        E::MrNack(n) => Some(n.path_id),
+        E::MrProbe(p) => Some(p.path_id),
+        e => e.mr_data().map(|d| d.path_id),
+    }
+}
+
+/// The set of [`IcrcPrefixes`] for a datagram of path `path`, if known, from `src_port`.
+#[inline]
+pub(super) fn icrc_set(path: Option<u8>, src_port: u16) -> usize {
+    match path {
+        Some(p) => usize::from(p) % ICRC_SETS,
+        None => usize::from(src_port ^ (src_port >> 8)) % ICRC_SETS,
+    }
+}
 
 impl IcrcPrefixes {
     /// [`compute_icrc`] through the cache.
@@ -81,18 +116,30 @@ impl IcrcPrefixes {
         (src_port, dst_port): (u16, u16),
         transport: &[u8],
         engine: icrc::Engine,
+        set: usize,
     ) -> u32 {
         let key = (u64::from(src_port) << 32) | transport.len() as u64;
-        let slot = &mut self.0[(usize::from(src_port) ^ transport.len()) % ICRC_SLOTS];
-        let prefix = match slot {
-            Some((k, p)) if *k == key => *p,
-            _ => {
+        let ways = &mut self.0[set % ICRC_SETS];
+        let prefix = match *ways {
+            [Some((k, p)), _] if k == key => p,
+            [first, Some((k, p))] if k == key => {
+                *ways = [Some((k, p)), first];
+                p
+            }
+            [first, _] => {
                 let (ip, ip_len, udp) = icrc_headers(src, dst, src_port, dst_port, transport.len());
                 let p = icrc::split_prefix(&ip[..ip_len], &udp, transport.len());
-                *slot = Some((key, p));
+                *ways = [Some((key, p)), first];
                 p
             }
         };
         icrc::finish_split(&prefix, transport, engine)
+    }
+
+    /// Whether the prefix of (`src_port`, `len`) is cached.
+    #[cfg(test)]
+    pub(super) fn holds(&self, src_port: u16, len: usize) -> bool {
+        let key = (u64::from(src_port) << 32) | len as u64;
+        self.0.iter().flatten().flatten().any(|(k, _)| *k == key)
     }
 }

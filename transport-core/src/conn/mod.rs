@@ -517,8 +517,43 @@ pub fn atomic_new_value(current: u64, compare: Option<u64>, swap_add: u64) -> u6
 
 #[cfg(test)]
 mod unit {
-    use super::{compute_icrc, IcrcPrefixes, ICRC_SLOTS};
+    use super::{compute_icrc, icrc_set, IcrcPrefixes, ICRC_SETS};
+    use crate::icrc::Engine::BuiltIn;
     use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+    /// Eight paths' ports (as `entropy_port` draws them) sprayed in turn with full-sized
+    /// packets, and their ACKs' length too: after the first round every prefix stays cached
+    /// (one slot per port's low bits evicted most of them on every packet).
+    #[test]
+    fn the_icrc_prefixes_of_eight_sprayed_paths_stay_cached() {
+        let ips = (
+            IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+            IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)),
+        );
+        let data = [0x5au8; 1100];
+        let mut missing = 0;
+        for seed in 0..64u32 {
+            let ports: std::vec::Vec<u16> = (0..8)
+                .map(|i| super::entropy_port(seed, crate::path::PathId(i), 0))
+                .collect();
+            let mut cache = IcrcPrefixes::default();
+            for _ in 0..2 {
+                for (path, &port) in (0u8..).zip(&ports) {
+                    for len in [1076, 40] {
+                        let set = icrc_set(Some(path), port);
+                        cache.icrc(ips, (port, 4791), &data[..len], BuiltIn, set);
+                    }
+                }
+            }
+            missing += ports
+                .iter()
+                .flat_map(|&p| [(p, 1076), (p, 40)])
+                .filter(|&(p, len)| !cache.holds(p, len))
+                .count();
+        }
+        // With one slot per hash of the port's low bits (8 of them), most were missing.
+        assert_eq!(missing, 0);
+    }
 
     #[test]
     fn cached_icrc_prefixes_give_the_icrc_of_every_port_and_length() {
@@ -536,13 +571,15 @@ mod unit {
         for ips in [v4, v6] {
             let mut cache = IcrcPrefixes::default();
             for round in 0..3 {
-                for port in [49152u16, 49153, 49152 + ICRC_SLOTS as u16, 50000] {
-                    for len in [0usize, 5, 60, 60 + ICRC_SLOTS, 1500, 1500] {
+                for port in [49152u16, 49153, 49152 + ICRC_SETS as u16, 50000] {
+                    for len in [0usize, 5, 60, 60 + ICRC_SETS, 1500, 1500] {
                         let t = &data[round..round + len];
                         let want = compute_icrc(ips.0, ips.1, port, 4791, t);
                         let engine = crate::icrc::Engine::BuiltIn;
+                        // Paths named right, wrong, or not at all: the same CRC.
+                        let set = icrc_set([None, Some(0), Some(3)][round], port);
                         assert_eq!(
-                            cache.icrc(ips, (port, 4791), t, engine),
+                            cache.icrc(ips, (port, 4791), t, engine, set),
                             want,
                             "{port} {len}"
                         );

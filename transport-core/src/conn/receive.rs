@@ -137,6 +137,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     (src_port, self.cfg.local_port),
                     d.covered(),
                     self.cfg.icrc_engine,
+                    icrc_set(path_byte(&d.ext), src_port),
                 )
     }
 

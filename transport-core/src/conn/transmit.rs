@@ -670,6 +670,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 (tx.src_port, cfg.dst_port),
                 covered,
                 cfg.icrc_engine,
+                icrc_set(Some(tx.path.0), tx.src_port),
             )
         });
     }
