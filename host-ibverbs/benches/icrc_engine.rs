@@ -18,7 +18,7 @@ fn icrc(c: &mut Criterion) {
     ];
     let udp = [0xc0u8, 1, 0x12, 0xb7, 0, 108, 0, 0];
     let mut junk = vec![0u8; 8 << 20];
-    for len in [56usize, 100] {
+    for len in [56usize, 100, 1040, 4136] {
         let data: Vec<u8> = (0..len as u32).map(|i| (i * 7) as u8).collect();
         let p = split_prefix(&ip, &udp, len);
         let mut g = c.benchmark_group(format!("icrc_{len}_bytes"));
