@@ -32,7 +32,7 @@ pub(super) fn client_lat(
         }
     }
     let sseed = server_seed(seed);
-    let mut tmp = vec![0u8; size];
+    let mut expected = Expected::new(sseed, size);
     let mut samples = Vec::with_capacity(cfg.iters as usize);
     let mut verified = true;
     let mut wcs = Vec::new();
@@ -78,10 +78,10 @@ pub(super) fn client_lat(
                         let b = wc.wr_id as usize;
                         if cfg.test == Test::WriteLat {
                             verified &= wc.imm == Some(i as u32)
-                                && matches(&bufs.dst[0], slot * size, &mut tmp, sseed, 0, slot);
+                                && matches(&bufs.dst[0], slot * size, &mut expected, 0, slot);
                         } else {
                             verified &= wc.byte_len as usize == size
-                                && matches(&rbuf, b * size, &mut tmp, sseed, 0, slot);
+                                && matches(&rbuf, b * size, &mut expected, 0, slot);
                         }
                         if budget.take() {
                             ep.post_recv(0, b as u64, 0, &rbuf, b * size, size)?;
@@ -95,7 +95,7 @@ pub(super) fn client_lat(
                     }
                     CompletionKind::Read => {
                         hit = Some(t0.elapsed());
-                        verified &= matches(&bufs.dst[0], slot * size, &mut tmp, sseed, 0, slot);
+                        verified &= matches(&bufs.dst[0], slot * size, &mut expected, 0, slot);
                     }
                     _ => outstanding_sends -= 1,
                 }

@@ -87,7 +87,7 @@ pub(in crate::perf) fn server_phase(
     );
     let mut ok = true;
     let mut checked = 0u64;
-    let mut tmp = vec![0u8; size];
+    let mut expected = Expected::new(seed, size);
     let mut per_stream = vec![[0u64; STREAMS]; q];
     let mut received = vec![0u64; q];
     let mut wcs = Vec::new();
@@ -122,7 +122,7 @@ pub(in crate::perf) fn server_phase(
                     received[i] += 1;
                     let slot = (m % slots as u64) as usize;
                     ok &= wc.byte_len as usize == size
-                        && matches(&rbufs[i], b * size, &mut tmp, seed, i, slot);
+                        && matches(&rbufs[i], b * size, &mut expected, i, slot);
                     checked += size as u64;
                     if budgets[i][s].take() {
                         ep.post_recv(i, wc.wr_id, wc.stream, &rbufs[i], b * size, size)?;
@@ -146,10 +146,10 @@ pub(in crate::perf) fn server_phase(
                     post_one(ep, i, id, op, &bufs.src[i], slot * size, size, remote)?;
                     ok &= if cfg.test == Test::WriteLat {
                         wc.imm == Some(n as u32)
-                            && matches(&bufs.dst[i], slot * size, &mut tmp, seed, i, slot)
+                            && matches(&bufs.dst[i], slot * size, &mut expected, i, slot)
                     } else {
                         wc.byte_len as usize == size
-                            && matches(&rbufs[i], b * size, &mut tmp, seed, i, slot)
+                            && matches(&rbufs[i], b * size, &mut expected, i, slot)
                     };
                     checked += size as u64;
                     if budgets[i][0].take() {
@@ -221,7 +221,7 @@ pub(in crate::perf) fn server_phase(
                 if cfg.test == Test::WriteBw {
                     for (i, &c) in counts.iter().enumerate().take(q) {
                         for s in 0..slots.min(c as usize) {
-                            ok &= matches(&bufs.dst[i], s * size, &mut tmp, seed, i, s);
+                            ok &= matches(&bufs.dst[i], s * size, &mut expected, i, s);
                             checked += size as u64;
                         }
                     }
