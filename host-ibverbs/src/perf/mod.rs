@@ -191,14 +191,22 @@ pub(crate) fn decode_bufs(s: &str) -> Result<Vec<RemoteBuf>, OobError> {
 /// Fills `out` with the pattern of connection `qp`, slot `slot`, phase seed `seed`.
 pub(crate) fn pattern(out: &mut [u8], seed: u64, qp: usize, slot: usize) {
     let mut s = seed ^ ((qp as u64) << 40) ^ ((slot as u64) << 8) ^ 0x5851_f42d_4c95_7f2d;
-    for chunk in out.chunks_mut(8) {
+    let mut next = || {
         s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = s;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^= z >> 31;
-        chunk.copy_from_slice(&z.to_le_bytes()[..chunk.len()]);
+        (z ^ (z >> 31)).to_le_bytes()
+    };
+    // Whole words with one store each (a copy of a slice of unknown length was a call per 8
+    // bytes), then the last bytes.
+    let mut words = out.chunks_exact_mut(8);
+    for w in &mut words {
+        w.copy_from_slice(&next());
     }
+    let tail = words.into_remainder();
+    let n = tail.len();
+    tail.copy_from_slice(&next()[..n]);
 }
 
 #[cfg(test)]

@@ -332,6 +332,37 @@ fn patterns_differ_by_connection_and_slot() {
     assert_eq!(a, b);
 }
 
+/// Both ends draw the pattern, so it must not change between versions: the same bytes as
+/// splitmix64 written out eight bytes at a time (the first, byte-sliced form), every length
+/// around a word, and the first word of a known draw.
+#[test]
+fn the_pattern_is_splitmix64_as_before() {
+    fn reference(out: &mut [u8], seed: u64, qp: usize, slot: usize) {
+        let mut s = seed ^ ((qp as u64) << 40) ^ ((slot as u64) << 8) ^ 0x5851_f42d_4c95_7f2d;
+        for chunk in out.chunks_mut(8) {
+            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            chunk.copy_from_slice(&z.to_le_bytes()[..chunk.len()]);
+        }
+    }
+    for len in (0..40).chain([4095, 4096, 65_537]) {
+        let (mut a, mut b) = (vec![0u8; len], vec![0u8; len]);
+        pattern(&mut a, 0x1234, 3, 17);
+        reference(&mut b, 0x1234, 3, 17);
+        assert_eq!(a, b, "{len}");
+    }
+    // splitmix64 from state 0x5851f42d4c957f2d (seed 0, connection 0, slot 0), first output.
+    let mut w = [0u8; 8];
+    pattern(&mut w, 0, 0, 0);
+    let mut z = 0x5851_f42d_4c95_7f2du64.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    assert_eq!(u64::from_le_bytes(w), z ^ (z >> 31));
+}
+
 /// Every test over a real RDMA NIC, client and server on the same device (loopback through the
 /// NIC). Compiled only when `METAROCE_VERBS_DEVICE` names a device at build time;
 /// `METAROCE_VERBS_GID` picks the GID index (default 3, a RoCEv2 IPv4 GID on ConnectX).
