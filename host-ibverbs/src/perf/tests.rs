@@ -482,9 +482,12 @@ fn without_the_icrc_is_refused_over_verbs() {
     );
 }
 
-/// The receiver's fair share on real sockets: a server whose line rate is 1 Gb/s gives each of
+/// The receiver's fair share on real sockets: a server whose line rate is 400 Mb/s gives each of
 /// four MetaRoCE connections a quarter in its ACKs, and the senders pace to it: together they
-/// move about 1 Gb/s, each within 10% of a quarter, every byte verified.
+/// move about 0.4 Gb/s, each within 10% of a quarter, every byte verified (without the hint,
+/// ECN AIMD, they move 1.5 Gb/s). At 1 Gb/s the debug build's engine on a 2-core AMD EPYC VM
+/// could not keep four paced senders apart: one in four moved 20-25% more than the rest in about
+/// half the runs, on the code of before too; at 400 Mb/s none in six.
 #[test]
 #[cfg_attr(
     target_arch = "aarch64",
@@ -498,13 +501,13 @@ fn metaroce_senders_pace_to_the_receivers_fair_share() {
     cfg.qps = 4;
     cfg.duration = Some(Duration::from_millis(1500));
     cfg.cc = Cc::MetaRoce;
-    cfg.line_rate_mbps = 1_000;
+    cfg.line_rate_mbps = 400;
     let (reports, served) = run_pair_unlocked(cfg);
     let Report::Bw(r) = &reports[0] else { panic!() };
     assert!(r.verified && served.verified);
     assert!(
-        (0.75..=1.15).contains(&r.bw_avg_gbps),
-        "four senders into a 1 Gb/s receiver: {} Gb/s",
+        (0.3..=0.46).contains(&r.bw_avg_gbps),
+        "four senders into a 400 Mb/s receiver: {} Gb/s",
         r.bw_avg_gbps
     );
     let placed: Vec<f64> = served.stats["qps"]
@@ -527,7 +530,7 @@ fn metaroce_senders_pace_to_the_receivers_fair_share() {
     // (the hint), its connection window and its eight paths' windows.
     assert_eq!(r.connections.len(), 4);
     for c in &r.connections {
-        assert!((1..=1000).contains(&c.hint_received_mbps), "{c:?}");
+        assert!((1..=400).contains(&c.hint_received_mbps), "{c:?}");
         assert_eq!(c.rate_mbps, c.hint_received_mbps, "{c:?}");
         assert!(c.connection_window > 0, "{c:?}");
         assert_eq!(c.path_windows.len(), 8, "{c:?}");
