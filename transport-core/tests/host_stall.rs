@@ -49,12 +49,14 @@ fn a_stall_restarts_the_timers_and_what_arrived_meanwhile_settles_the_flight() {
 }
 
 /// Moves 256 KiB from A to B while B sends nothing back from 3 us to `stall` ns after the start
-/// (its host gave it no CPU); returns A's events and counters.
+/// (its host gave it no CPU); returns A's events and counters, and whether a path of A stopped
+/// carrying data (was probed) meanwhile.
 fn with_a_silent_peer(
     stall: u64,
 ) -> (
     Vec<transport_core::conn::Event>,
     transport_core::conn::Counters,
+    bool,
 ) {
     use transport_core::conn::Event;
     let mut p = Pair::granting_writes(KEY);
@@ -63,9 +65,15 @@ fn with_a_silent_peer(
         .unwrap();
     let start = p.now;
     let mut done = false;
+    let mut probing = false;
     for _ in 0..200_000 {
         let stalled = (start + 3_000..start + stall).contains(&p.now);
         p.round(&mut |to_b, _| stalled && !to_b);
+        probing |= (0..4).any(|i| {
+            p.a.conn
+                .path_stats(transport_core::path::PathId(i))
+                .is_some_and(|s| !s.active)
+        });
         if p.a.events.iter().any(|e| matches!(e, Event::Completion(_))) {
             done = true;
             break;
@@ -73,19 +81,23 @@ fn with_a_silent_peer(
     }
     assert!(done, "{:?}", p.a.conn.counters());
     assert!(p.a.mem[..256 * 1024] == p.b.mem[..256 * 1024]);
-    (std::mem::take(&mut p.a.events), *p.a.conn.counters())
+    (
+        std::mem::take(&mut p.a.events),
+        *p.a.conn.counters(),
+        probing,
+    )
 }
 
-/// The peer's host stalls for 1 ms (nothing comes back on any path for twenty probe intervals of
-/// this configuration, where four unanswered probes declare a path failed) while the connection
-/// waits for it: the paths stop carrying data and are probed, but none is declared failed, since
-/// nothing shows that a route rather than the peer is at fault; when the peer runs again
-/// everything completes. A path that alone goes silent while the others are heard is still
+/// The peer's host stalls for 3.5 ms (nothing comes back on any path for seventy probe intervals
+/// of this configuration, where four unanswered probes declare a path failed) while the
+/// connection waits for it: after the wait for the peer (eight long timeouts, 2.56 ms) the paths
+/// stop carrying data and are probed, but none is declared failed, since nothing shows that a
+/// route rather than the peer is at fault; when the peer runs again everything completes. A path that alone goes silent while the others are heard is still
 /// declared failed (`forged_probe_replies_do_not_revive_a_failed_path`, the selftest's dead path).
 #[test]
 fn a_stalled_peer_gets_no_path_declared_failed() {
-    let (events, c) = with_a_silent_peer(1_000_000);
-    assert!(c.probes_sent > 0, "the paths were probed: {c:?}");
+    let (events, c, probing) = with_a_silent_peer(3_500_000);
+    assert!(probing, "the paths were probed: {c:?}");
     assert_eq!(c.path_failures, 0, "{events:?}");
 }
 
@@ -93,7 +105,7 @@ fn a_stalled_peer_gets_no_path_declared_failed() {
 /// every route dying at once: the paths are then declared failed and take new ones.
 #[test]
 fn a_silence_long_enough_fails_the_paths_over() {
-    let (_, c) = with_a_silent_peer(20_000_000);
+    let (_, c, _) = with_a_silent_peer(20_000_000);
     assert!(c.path_failures > 0, "{c:?}");
 }
 
@@ -105,7 +117,7 @@ fn a_silence_long_enough_fails_the_paths_over() {
 /// flight lost: a window of needless retransmissions per path.)
 #[test]
 fn a_stalled_peer_costs_no_retransmission() {
-    let (_, c) = with_a_silent_peer(2_000_000);
+    let (_, c, _) = with_a_silent_peer(2_000_000);
     assert!(
         c.peer_silent_waits > 0,
         "the paths waited for the peer: {c:?}"
@@ -127,6 +139,53 @@ fn a_stalled_peer_costs_no_retransmission() {
 /// counted.
 #[test]
 fn a_long_silence_declares_the_flight_lost() {
-    let (_, c) = with_a_silent_peer(20_000_000);
+    let (_, c, _) = with_a_silent_peer(20_000_000);
     assert!(c.lost_by_timeout + c.lost_by_sack > 0, "{c:?}");
+}
+
+/// The path a data packet from A names.
+fn data_path(d: &[u8]) -> Option<u8> {
+    use transport_core::wire::{BthRepr, Extensions};
+    let (bth, rest) = BthRepr::parse(d).ok()?;
+    let (ext, _) = Extensions::parse(bth.opcode.layout(), rest).ok()?;
+    ext.mr_data().map(|m| m.path_id)
+}
+
+/// While the peer is silent, a path's timer is due only when something is to be done (a probe
+/// to send again, or the wait to end): a deadline left in the past has a runner spin instead of
+/// sleep. Path 1's data is lost, so its flight becomes overdue (later packets on the other
+/// paths are acknowledged) and its tail is probed; then the whole peer goes silent for 2 ms.
+/// A's timers are due in few of those 1 us rounds; when the overdue probe's deadline did not
+/// follow the longer wait for the peer, they were due in most of them.
+#[test]
+fn a_silent_peer_leaves_no_timer_due_in_the_past() {
+    let mut p = Pair::granting_writes(KEY);
+    p.a.conn
+        .post(Instant::ZERO, common::write_at(1, 0, 256 * 1024, KEY))
+        .unwrap();
+    let mut stall_from = None;
+    let (mut due, mut rounds) = (0, 0);
+    for _ in 0..100_000 {
+        if stall_from.is_some_and(|t| p.now >= t + 2_000_000) {
+            break;
+        }
+        let stalled = stall_from.is_some();
+        if stalled {
+            rounds += 1;
+            due += usize::from(p.a.conn.poll_timeout().is_some_and(|t| t <= p.now));
+        }
+        p.round(&mut |to_b, d| {
+            if to_b {
+                !stalled && data_path(d) == Some(1)
+            } else {
+                stalled
+            }
+        });
+        if stall_from.is_none() && p.a.conn.counters().overdue_probes > 0 {
+            stall_from = Some(p.now);
+        }
+    }
+    let c = p.a.conn.counters();
+    assert!(stall_from.is_some() && c.peer_silent_waits > 0, "{c:?}");
+    assert!(due * 20 < rounds, "due in {due} of {rounds} rounds: {c:?}");
 }

@@ -198,10 +198,28 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
         let (_, at) = self.overdue_candidate(i)?;
         Some(match p.tail_probe_ts {
-            // A tail probe is out: its answer is due a round trip after it left.
-            Some(_) => p.tail_probe_at + self.overdue_after(i),
+            Some(_) => self.tail_probe_due(i),
             None => at,
         })
+    }
+
+    /// When path `i`'s outstanding tail probe is taken as unanswered: a round trip after it
+    /// left; after its second try, while the whole peer has been silent since it left, a long
+    /// timeout after it left (one probe per timeout), but no later than the end of the wait for
+    /// the peer ([`Self::waits_for_peer`]). `detect_overdue` acts at this time and the timer
+    /// (`overdue_at`) fires at it: the two must agree, or the timer would stay due while nothing
+    /// happens, and a runner would spin until the later one.
+    pub(super) fn tail_probe_due(&self, i: usize) -> Instant {
+        let p = &self.paths[i];
+        let round_trip = p.tail_probe_at + self.overdue_after(i);
+        match self.last_heard {
+            Some(heard) if p.tail_probe_tries >= TAIL_PROBE_TRIES && heard <= p.tail_probe_at => {
+                let waited = heard + self.cfg.rto_high.saturating_mul(PEER_SILENCE_RTOS);
+                let next_probe = p.tail_probe_at + self.rto(p);
+                round_trip.max(next_probe.min(waited))
+            }
+            _ => round_trip,
+        }
     }
 
     /// Time-ordered loss detection across paths, in the manner of RACK: a transmission still
@@ -225,12 +243,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     self.settle_path_una(i);
                     continue;
                 }
-                let mut wait = self.overdue_after(i);
+                let due_probe = self.tail_probe_due(i);
                 let waits_for_peer = self.waits_for_peer(self.paths[i].tail_probe_at, now);
-                if waits_for_peer && self.paths[i].tail_probe_tries >= TAIL_PROBE_TRIES {
-                    // Probes again while the peer is silent: one per long timeout.
-                    wait = wait.max(self.rto(&self.paths[i]));
-                }
                 let p = &mut self.paths[i];
                 if p.tail_probe_pending {
                     break;
@@ -241,7 +255,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     // it. One more probe tells which (a lost probe or answer must not cost a
                     // window of needless retransmissions); when it is not answered either, what
                     // left before the first is declared lost, not at the retransmission timeout.
-                    if now < p.tail_probe_at + wait {
+                    if now < due_probe {
                         break;
                     }
                     if p.tail_probe_tries < TAIL_PROBE_TRIES || waits_for_peer {
