@@ -275,14 +275,21 @@ impl Drop for Publisher {
     }
 }
 
-/// The data each slot of each connection must hold, from one seed, each slot's made once: a
-/// check compares memory instead of drawing the pattern again (two multiplies per 8 bytes, a
-/// third of the server's time in send-bw). Holds at most what the checked buffers hold.
+/// The data each slot of each connection must hold, from one seed: the first slots' drawn once
+/// and kept (up to [`EXPECTED_BYTES`], what a timed run cycles through), so that a check of a
+/// slot used again compares memory instead of drawing the pattern again (two multiplies per 8
+/// bytes: a third of the server's time in send-bw); beyond that, drawn for each check.
 pub(super) struct Expected {
     seed: u64,
     size: usize,
     made: std::collections::HashMap<(usize, usize), Box<[u8]>>,
+    /// Bytes that may still be kept.
+    room: usize,
+    scratch: Vec<u8>,
 }
+
+/// Pattern bytes an [`Expected`] keeps at most (counted by [`phase_bytes`]).
+const EXPECTED_BYTES: usize = super::CYCLE_BYTES;
 
 impl Expected {
     pub(super) fn new(seed: u64, size: usize) -> Self {
@@ -290,13 +297,22 @@ impl Expected {
             seed,
             size,
             made: std::collections::HashMap::new(),
+            room: EXPECTED_BYTES,
+            scratch: Vec::new(),
         }
     }
 
     /// The pattern of connection `q`'s slot `slot`.
     fn of(&mut self, q: usize, slot: usize) -> &[u8] {
         let (seed, size) = (self.seed, self.size);
+        if !self.made.contains_key(&(q, slot)) && self.room < size {
+            self.scratch.resize(size, 0);
+            pattern(&mut self.scratch, seed, q, slot);
+            return &self.scratch;
+        }
+        let room = &mut self.room;
         self.made.entry((q, slot)).or_insert_with(|| {
+            *room -= size;
             let mut p = vec![0u8; size].into_boxed_slice();
             pattern(&mut p, seed, q, slot);
             p
@@ -373,7 +389,9 @@ pub(super) fn phase_bytes(test: Test, q: usize, slots: usize, size: usize) -> u6
     let q = q as u64;
     let bufs = 2 * q * (slots as u64 * size as u64).max(8);
     let recvs = recv_count(test, q as usize, size) as u64 * size as u64 * q;
-    bufs + recvs + 2 * size as u64
+    // The expected patterns kept, and a scratch one.
+    let expected = (EXPECTED_BYTES as u64).min(q * slots as u64 * size as u64);
+    bufs + recvs + expected + 2 * size as u64
 }
 
 /// How many receives a connection may still post in a phase. A receive left posted when a phase
@@ -585,5 +603,43 @@ mod checks {
                 mr.write(at, &b).unwrap();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod kept {
+    use super::*;
+    use crate::perf::{PerfConfig, Test};
+
+    /// Past the bytes an `Expected` keeps, slots are drawn for each check and still compared
+    /// to the byte; what it keeps stays within its bound.
+    #[test]
+    fn slots_past_the_kept_bytes_are_still_checked_to_the_byte() {
+        let mut cfg = PerfConfig::new(Test::SendBw);
+        cfg.data_port = 0;
+        let ep = Endpoint::open(&cfg, "127.0.0.1".parse().unwrap(), false).unwrap();
+        let size = EXPECTED_BYTES / 2 + 1;
+        let mr = ep.reg_mr(3 * size).unwrap();
+        let mut p = vec![0u8; size];
+        for slot in 0..3 {
+            pattern(&mut p, 9, 0, slot);
+            mr.write(slot * size, &p).unwrap();
+        }
+        let mut e = Expected::new(9, size);
+        for _ in 0..2 {
+            for slot in 0..3 {
+                assert!(matches(&mr, slot * size, &mut e, 0, slot), "slot {slot}");
+            }
+            assert!(!matches(&mr, 2 * size, &mut e, 0, 1));
+        }
+        assert_eq!(e.made.len(), 1, "one slot of this size fits the kept bytes");
+        let mut b = [0u8];
+        mr.read(3 * size - 1, &mut b).unwrap();
+        mr.write(3 * size - 1, &[!b[0]]).unwrap();
+        assert!(
+            !matches(&mr, 2 * size, &mut e, 0, 2),
+            "the last byte of a slot not kept"
+        );
+        assert!(phase_bytes(Test::SendBw, 1, 3, size) >= (3 * size + EXPECTED_BYTES / 2) as u64);
     }
 }
