@@ -129,9 +129,10 @@ pub(crate) const ALL_ACCESS: Access = Access::LOCAL_WRITE
 /// least one message each). As perftest's cycle buffer and iperf3's single buffer, the memory
 /// stays in the cache, so the run measures the transport rather than the host's DRAM: cycling
 /// 64 MiB per connection instead cost a veth run 19.5 of 28 Gb/s (every payload read and placed
-/// from and to DRAM), and 1 MiB per connection with `-q 4` cost 6-12% against 256 KiB each
-/// (AMD EPYC VM, MTU 1500: 11.81/12.11/11.92 against 13.11/13.47/12.17 Gb/s, alternating). A run of `-n` messages keeps one buffer per message (up to `BUF_BYTES`), so that
-/// every message's landing place is checked.
+/// from and to DRAM), and 1 MiB per connection with `-q 4` cost 2-11% against 256 KiB each
+/// (AMD EPYC VM, MTU 1500: 11.81/12.11/11.92 against 13.11/13.47/12.17 Gb/s, alternating). A
+/// run of `-n` messages keeps one buffer per message (up to `BUF_BYTES`), so that every
+/// message's landing place is checked.
 const CYCLE_BYTES: usize = 1 << 20;
 /// Buffer bytes per connection at most.
 const BUF_BYTES: usize = 64 << 20;
