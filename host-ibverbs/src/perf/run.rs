@@ -569,21 +569,28 @@ mod checks {
     use super::*;
     use crate::perf::{PerfConfig, Test};
 
+    /// A region of three slots of `size` bytes holding connection `q`'s patterns from `seed`
+    /// (the endpoint it belongs to comes along).
+    fn three_slots(seed: u64, q: usize, size: usize) -> (Endpoint, Mr) {
+        let mut cfg = PerfConfig::new(Test::SendBw);
+        cfg.data_port = 0;
+        let ep = Endpoint::open(&cfg, "127.0.0.1".parse().unwrap(), false).unwrap();
+        let mr = ep.reg_mr(3 * size).unwrap();
+        let mut p = vec![0u8; size];
+        for slot in 0..3 {
+            pattern(&mut p, seed, q, slot);
+            mr.write(slot * size, &p).unwrap();
+        }
+        (ep, mr)
+    }
+
     /// A slot matches its own connection's pattern and nothing else: not another slot's, not
     /// another connection's, and not with one byte changed (first or last), also when the
     /// pattern comes from the cache the second time.
     #[test]
     fn a_slot_matches_only_its_own_pattern_to_the_byte() {
-        let mut cfg = PerfConfig::new(Test::SendBw);
-        cfg.data_port = 0;
-        let ep = Endpoint::open(&cfg, "127.0.0.1".parse().unwrap(), false).unwrap();
         let size = 1000;
-        let mr = ep.reg_mr(3 * size).unwrap();
-        let mut p = vec![0u8; size];
-        for slot in 0..3 {
-            pattern(&mut p, 7, 1, slot);
-            mr.write(slot * size, &p).unwrap();
-        }
+        let (_ep, mr) = three_slots(7, 1, size);
         let mut e = Expected::new(7, size);
         for _ in 0..2 {
             for slot in 0..3 {
@@ -604,27 +611,13 @@ mod checks {
             }
         }
     }
-}
-
-#[cfg(test)]
-mod kept {
-    use super::*;
-    use crate::perf::{PerfConfig, Test};
 
     /// Past the bytes an `Expected` keeps, slots are drawn for each check and still compared
     /// to the byte; what it keeps stays within its bound.
     #[test]
     fn slots_past_the_kept_bytes_are_still_checked_to_the_byte() {
-        let mut cfg = PerfConfig::new(Test::SendBw);
-        cfg.data_port = 0;
-        let ep = Endpoint::open(&cfg, "127.0.0.1".parse().unwrap(), false).unwrap();
         let size = EXPECTED_BYTES / 2 + 1;
-        let mr = ep.reg_mr(3 * size).unwrap();
-        let mut p = vec![0u8; size];
-        for slot in 0..3 {
-            pattern(&mut p, 9, 0, slot);
-            mr.write(slot * size, &p).unwrap();
-        }
+        let (_ep, mr) = three_slots(9, 0, size);
         let mut e = Expected::new(9, size);
         for _ in 0..2 {
             for slot in 0..3 {
