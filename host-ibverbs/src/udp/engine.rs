@@ -33,7 +33,7 @@ mod transmit;
 pub(crate) use mems::{MemEntry, Mems};
 use pcap::write_pcap;
 pub(crate) use requests::{Keepalive, Pending, Requests};
-use transmit::{LastPath, Stage, TxSocket, PATH_CACHE};
+use transmit::{Stage, StagedPath, TxSocket, PATH_CACHE};
 
 /// Paths per connection at most.
 pub const MAX_PATHS: usize = 64;
@@ -155,7 +155,7 @@ pub(crate) struct Engine {
     /// from and its stage, by path port (direct-mapped, [`PATH_CACHE`] entries): a connection
     /// sprays consecutive packets over its paths, and each finds its socket and stage without
     /// two hash lookups. Send sockets and stages are never removed, so entries do not go stale.
-    path_cache: [Option<LastPath>; PATH_CACHE],
+    path_cache: [Option<StagedPath>; PATH_CACHE],
     /// Stages holding datagrams, to be flushed.
     queued: Vec<usize>,
     /// Datagrams the next receive call asks for (1 to `RX_BATCH`).

@@ -212,9 +212,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     pub(super) fn tail_probe_due(&self, i: usize) -> Instant {
         let p = &self.paths[i];
         let round_trip = p.tail_probe_at + self.overdue_after(i);
-        match self.last_heard {
-            Some(heard) if p.tail_probe_tries >= TAIL_PROBE_TRIES && heard <= p.tail_probe_at => {
-                let waited = heard + self.cfg.rto_high.saturating_mul(PEER_SILENCE_RTOS);
+        match self.peer_wait_ends(p.tail_probe_at) {
+            Some(waited) if p.tail_probe_tries >= TAIL_PROBE_TRIES => {
                 let next_probe = p.tail_probe_at + self.rto(p);
                 round_trip.max(next_probe.min(waited))
             }

@@ -98,6 +98,12 @@ pub(super) fn path_byte(ext: &crate::wire::Extensions) -> Option<u8> {
     }
 }
 
+/// What an [`IcrcPrefixes`] entry is for: a source port and a transport length.
+#[inline]
+fn prefix_key(src_port: u16, len: usize) -> u64 {
+    (u64::from(src_port) << 32) | len as u64
+}
+
 /// The set of [`IcrcPrefixes`] for a datagram of path `path`, if known, from `src_port`.
 #[inline]
 pub(super) fn icrc_set(path: Option<u8>, src_port: u16) -> usize {
@@ -118,7 +124,7 @@ impl IcrcPrefixes {
         engine: icrc::Engine,
         set: usize,
     ) -> u32 {
-        let key = (u64::from(src_port) << 32) | transport.len() as u64;
+        let key = prefix_key(src_port, transport.len());
         let ways = &mut self.0[set % ICRC_SETS];
         let prefix = match *ways {
             [Some((k, p)), _] if k == key => p,
@@ -139,7 +145,7 @@ impl IcrcPrefixes {
     /// Whether the prefix of (`src_port`, `len`) is cached.
     #[cfg(test)]
     pub(super) fn holds(&self, src_port: u16, len: usize) -> bool {
-        let key = (u64::from(src_port) << 32) | len as u64;
+        let key = prefix_key(src_port, len);
         self.0.iter().flatten().flatten().any(|(k, _)| *k == key)
     }
 }

@@ -231,13 +231,15 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// reason to wait), and for less than [`PEER_SILENCE_RTOS`] long timeouts. Evidence against
     /// the path is the peer answering while the path does not.
     pub(super) fn waits_for_peer(&self, probe_at: Instant, now: Instant) -> bool {
-        match self.last_heard {
-            Some(heard) => {
-                heard <= probe_at
-                    && now.since(heard) < self.cfg.rto_high.saturating_mul(PEER_SILENCE_RTOS)
-            }
-            None => false,
-        }
+        self.peer_wait_ends(probe_at).is_some_and(|end| now < end)
+    }
+
+    /// When the wait for a silent peer ([`Self::waits_for_peer`]) of a probe that left at
+    /// `probe_at` ends: [`PEER_SILENCE_RTOS`] long timeouts after the peer was last heard, if
+    /// that was before the probe left; `None` if there is no wait (heard since, or never).
+    pub(super) fn peer_wait_ends(&self, probe_at: Instant) -> Option<Instant> {
+        let heard = self.last_heard.filter(|&h| h <= probe_at)?;
+        Some(heard + self.cfg.rto_high.saturating_mul(PEER_SILENCE_RTOS))
     }
 
     /// Path `i` lost what it carried and did not answer in time (a second timeout, or a probe of

@@ -19,7 +19,7 @@ pub(super) struct Stage {
 
 /// Where a datagram of a path port went: its source port, its destination and its stage.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct LastPath {
+pub(super) struct StagedPath {
     pub(super) port: u16,
     pub(super) dst: SocketAddr,
     pub(super) stage: usize,
@@ -166,7 +166,7 @@ impl Engine {
                         tx.src_port = w;
                     }
                     let i = stage_of(&mut self.stages, &mut self.stage_of, (w, peer));
-                    self.path_cache[usize::from(w) % PATH_CACHE] = Some(LastPath {
+                    self.path_cache[usize::from(w) % PATH_CACHE] = Some(StagedPath {
                         port: w,
                         dst: peer,
                         stage: i,
