@@ -190,8 +190,9 @@ pub struct PerfConfig {
     /// Payload bytes per packet; None picks the largest RoCE MTU (256 to 4096) that fits the
     /// local interface's MTU without IP fragmentation.
     pub mtu: Option<u32>,
-    /// Packets in flight per path.
-    pub window: u32,
+    /// Packets in flight per path; None takes 128 KiB of packets (`udp::window_for` the payload:
+    /// 128 at 1024 bytes, 32 at 4096). The client's is the server's.
+    pub window: Option<u32>,
     /// UDP transport: the rate controller, for both ends (the client's choice is the server's).
     pub cc: Cc,
     /// UDP transport: this end's line rate, Mb/s (0: not given). A receiver gives each sender
@@ -282,7 +283,7 @@ impl PerfConfig {
             qps: 1,
             paths: 8,
             mtu: None,
-            window: udp::DEFAULT_WINDOW,
+            window: None,
             icrc: udp::IcrcMode::Full,
             cc: Cc::MetaRoce,
             line_rate_mbps: 0,
@@ -424,7 +425,7 @@ pub(super) fn validate(cfg: &PerfConfig) -> Result<(), PerfError> {
             "the tools' ICRC is full or off (send-only is for a runner whose NIC checks it)".into(),
         ));
     }
-    if cfg.window == 0 || cfg.window > 255 {
+    if cfg.window.is_some_and(|w| w == 0 || w > 255) {
         return Err(PerfError::Invalid(
             "the window must be 1 to 255 packets".into(),
         ));

@@ -96,12 +96,16 @@ pub(super) fn run_client_one(
     // The server opens its device first (so it gets the data port it asks for, 4791 by
     // default, even when both ends share a host); the client then takes the same port if it is
     // free, any other if not, and sends its queue pairs.
+    // The window goes resolved: the server takes the client's, whatever its own payload.
+    let window = cfg.window.unwrap_or_else(|| {
+        udp::window_for(super::packet_mtu(cfg.mtu, local_ip).unwrap_or(udp::QpAttr::default().mtu))
+    });
     let mut hello = Message::new("hello")
         .with("test", cfg.test.name())
         .with("transport", cfg.transport.name())
         .with("qps", cfg.qps)
         .with("paths", cfg.paths)
-        .with("window", cfg.window)
+        .with("window", window)
         .with("icrc", icrc_name(cfg.icrc))
         .with("cc", cfg.cc.name())
         .with("busy", u8::from(cfg.busy_poll))
@@ -327,7 +331,7 @@ pub(super) fn session_config(
     mine.max_memory = cfg.max_memory / u64::from(workers);
     mine.qps = hello.get("qps")?;
     mine.paths = hello.get("paths")?;
-    mine.window = hello.get("window")?;
+    mine.window = Some(hello.get("window")?);
     // A client from before the field existed runs ECN AIMD.
     let cc = hello.text("cc").unwrap_or("ecn-aimd");
     mine.cc = Cc::from_name(cc)

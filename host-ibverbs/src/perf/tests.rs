@@ -57,6 +57,37 @@ fn every_bandwidth_test_moves_verified_bytes() {
     }
 }
 
+/// The window per path is a byte budget by default: 128 KiB of packets, 128 of 1024 bytes
+/// (MTU 1500) and 32 of 4096; `--window` sets it in packets. Nothing marks or drops here, so
+/// every path ends the run at its largest window.
+#[test]
+fn the_default_window_holds_128_kib_of_packets() {
+    for (mtu, window, want) in [
+        (1024, None, 128),
+        (4096, None, 32),
+        (1024, Some(20), 20),
+    ] {
+        let mut cfg = PerfConfig::new(Test::WriteBw);
+        cfg.size = 65_536;
+        cfg.iters = 200;
+        cfg.mtu = Some(mtu);
+        cfg.window = window;
+        let (reports, served) = run_pair(cfg);
+        let Report::Bw(r) = &reports[0] else { panic!() };
+        assert!(r.verified && served.verified);
+        assert_eq!(r.connections.len(), 1);
+        assert_eq!(
+            r.connections[0].path_windows,
+            vec![want; 8],
+            "-m {mtu} --window {window:?}"
+        );
+    }
+    assert_eq!(
+        [256, 512, 1024, 2048, 4096, 9000].map(udp::window_for),
+        [255, 255, 128, 64, 32, 16]
+    );
+}
+
 #[test]
 fn every_latency_test_answers_and_verifies() {
     for test in [Test::WriteLat, Test::SendLat, Test::ReadLat] {

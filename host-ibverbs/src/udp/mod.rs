@@ -123,8 +123,24 @@ pub struct WorkCompletion {
     pub stream: u16,
 }
 
-/// Packets in flight per path by default (see [`QpAttr::default`]).
+/// Packets in flight per path by default at the default payload, 4096 bytes (see
+/// [`QpAttr::default`] and [`window_for`]).
 pub const DEFAULT_WINDOW: u32 = 32;
+
+/// Bytes in flight per path by default: the window is a byte budget (what a round trip holds
+/// is bytes), taken in packets of the payload in use by [`window_for`].
+pub const DEFAULT_WINDOW_BYTES: u32 = 128 << 10;
+
+/// The default window per path, packets, for `payload`-byte packets: [`DEFAULT_WINDOW_BYTES`]
+/// of them, 16 to 255 packets (the 256-bit SACK bitmap bounds a path's flight). 32 at 4096
+/// bytes, 128 at 1024.
+///
+/// Measured across a veth at MTU 1500 (1024-byte payloads; docs/BENCHMARKS.md): 32 packets a
+/// path held write-bw 10-20% below 128, while on loopback (4096-byte payloads) 128 packets, four
+/// times the bytes, left write-bw at 0.55-0.75x of 32: what counts is the bytes in flight.
+pub fn window_for(payload: u32) -> u32 {
+    (DEFAULT_WINDOW_BYTES / payload.max(1)).clamp(16, 255)
+}
 
 /// A queue pair's connection parameters.
 #[derive(Debug, Clone, Copy)]
@@ -154,13 +170,15 @@ pub struct QpAttr {
 }
 
 impl Default for QpAttr {
-    /// 8 paths, 4096-byte packets, 32 packets in flight per path, and timers sized for a host:
-    /// a software endpoint can be descheduled for hundreds of microseconds, so the RTO starts at
-    /// 1 ms rather than the 100 us a NIC would use. The window too is sized for a host: its
-    /// round trip includes batching in both kernels and both engines (tens of microseconds):
-    /// across a veth 16 packets per path (a NIC's few-microsecond round trip) held write-bw to
-    /// 0.8x of one TCP stream, and 64 held send-bw back (more in flight than the receiver's
-    /// cache holds).
+    /// 8 paths, 4096-byte packets, 32 packets (128 KiB, [`window_for`]) in flight per path, and
+    /// timers sized for a host: a software endpoint can be descheduled for hundreds of
+    /// microseconds, so the RTO starts at 1 ms rather than the 100 us a NIC would use. The window
+    /// too is sized for a host: its round trip includes batching in both kernels and both
+    /// engines (tens of microseconds): across a veth 16 packets of 1024 bytes per path (a NIC's
+    /// few-microsecond round trip) held write-bw to 0.8x of one TCP stream and 32 to 0.9x of
+    /// 128, while more than 128 KiB a path (1 MiB a connection) holds it back where the packets
+    /// are long (more in flight than the caches hold). A runner that sets `mtu` sets the window
+    /// with it.
     fn default() -> Self {
         QpAttr {
             paths: 8,

@@ -65,12 +65,13 @@ pub(super) fn open_udp(
         Err(e) => return Err(e.into()),
     };
     let mtu = crate::perf::packet_mtu(cfg.mtu, local_ip)?;
+    let window = cfg.window.unwrap_or_else(|| udp::window_for(mtu));
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq();
     let attr = udp::QpAttr {
         paths: cfg.paths,
         mtu,
-        window_per_path: cfg.window,
+        window_per_path: window,
         icrc: cfg.icrc,
         cc: cfg.cc.algorithm(
             if cfg.line_rate_mbps > 0 {
@@ -78,7 +79,7 @@ pub(super) fn open_udp(
             } else {
                 crate::perf::DEFAULT_LINE_MBPS
             },
-            cfg.window,
+            window,
         ),
         ..udp::QpAttr::default()
     };
