@@ -26,6 +26,7 @@ use transport_core::conn::{
     compute_icrc, Access, CompletionKind, Config, Connection, Event, IcrcMode, RecvRequest, Region,
     RemoteAddr, WorkRequest, WrOp,
 };
+use transport_core::rate::Algorithm;
 use transport_core::time::Instant as CoreInstant;
 use transport_core::wire::{BthRepr, Extensions, Psn, Qpn};
 
@@ -49,7 +50,11 @@ fn config(local: u8, remote: u8, verify_icrc: bool) -> Config {
 }
 
 fn sender() -> Box<Conn> {
-    let mut a = Box::new(Conn::new(config(1, 2, true)));
+    sender_with(config(1, 2, true))
+}
+
+fn sender_with(cfg: Config) -> Box<Conn> {
+    let mut a = Box::new(Conn::new(cfg));
     let wr = WorkRequest {
         id: 1,
         op: WrOp::Write,
@@ -106,25 +111,36 @@ fn bench_send(c: &mut Criterion) {
             black_box(ext.emit(bth.opcode.layout(), rest).unwrap().len())
         })
     });
-    g.bench_function("poll_transmit_new_data_packet", |b| {
-        let template = sender();
-        let mut buf = vec![0u8; 8192];
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            let mut left = iters;
-            while left > 0 {
-                let mut a = template.clone();
-                let n = left.min(batch as u64);
-                let start = Instant::now();
-                for _ in 0..n {
-                    black_box(a.poll_transmit(CoreInstant::ZERO, &mut buf).unwrap());
+    for (name, cc) in [
+        ("poll_transmit_new_data_packet", Algorithm::EcnAimd),
+        // The tools' default: the path with the most room takes each packet.
+        (
+            "poll_transmit_new_data_packet_metaroce",
+            Algorithm::MetaRoce,
+        ),
+    ] {
+        g.bench_function(name, |b| {
+            let mut cfg = config(1, 2, true);
+            cfg.cc = cc;
+            let template = sender_with(cfg);
+            let mut buf = vec![0u8; 8192];
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                let mut left = iters;
+                while left > 0 {
+                    let mut a = template.clone();
+                    let n = left.min(batch as u64);
+                    let start = Instant::now();
+                    for _ in 0..n {
+                        black_box(a.poll_transmit(CoreInstant::ZERO, &mut buf).unwrap());
+                    }
+                    total += start.elapsed();
+                    left -= n;
                 }
-                total += start.elapsed();
-                left -= n;
-            }
-            total
-        })
-    });
+                total
+            })
+        });
+    }
     g.bench_function("seal_4k_icrc", |b| {
         let mut a = sender();
         let mut buf = vec![0u8; 8192];

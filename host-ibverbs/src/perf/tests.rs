@@ -62,11 +62,7 @@ fn every_bandwidth_test_moves_verified_bytes() {
 /// every path ends the run at its largest window.
 #[test]
 fn the_default_window_holds_128_kib_of_packets() {
-    for (mtu, window, want) in [
-        (1024, None, 128),
-        (4096, None, 32),
-        (1024, Some(20), 20),
-    ] {
+    for (mtu, window, want) in [(1024, None, 128), (4096, None, 32), (1024, Some(20), 20)] {
         let mut cfg = PerfConfig::new(Test::WriteBw);
         cfg.size = 65_536;
         cfg.iters = 200;
