@@ -48,6 +48,12 @@ impl Cc {
         Cc::ALL.into_iter().find(|c| c.name() == s)
     }
 
+    /// Whether the controller's windows grow on unmarked ACKs (ECN AIMD, MetaRoCE): only then
+    /// does a window start below its maximum.
+    pub fn grows_windows(self) -> bool {
+        matches!(self, Cc::EcnAimd | Cc::MetaRoce)
+    }
+
     /// The core's controller at line rate `line_mbps` (the rate-based ones start there) and a
     /// window of `window` packets per path.
     pub fn algorithm(self, line_mbps: u32, window: u32) -> transport_core::rate::Algorithm {
@@ -190,9 +196,11 @@ pub struct PerfConfig {
     /// Payload bytes per packet; None picks the largest RoCE MTU (256 to 4096) that fits the
     /// local interface's MTU without IP fragmentation.
     pub mtu: Option<u32>,
-    /// Packets in flight per path; None takes 128 KiB of packets (`udp::window_for` the payload:
-    /// 128 at 1024 bytes, 32 at 4096). The client's is the server's.
+    /// Packets in flight per path at most; None: see [`windows`]. The client's is the server's.
     pub window: Option<u32>,
+    /// Where each path's window starts, packets; None: see [`windows`]. The client's is the
+    /// server's.
+    pub start_window: Option<u32>,
     /// UDP transport: the rate controller, for both ends (the client's choice is the server's).
     pub cc: Cc,
     /// UDP transport: this end's line rate, Mb/s (0: not given). A receiver gives each sender
@@ -284,6 +292,7 @@ impl PerfConfig {
             paths: 8,
             mtu: None,
             window: None,
+            start_window: None,
             icrc: udp::IcrcMode::Full,
             cc: Cc::MetaRoce,
             line_rate_mbps: 0,
@@ -335,6 +344,27 @@ pub(super) fn icrc_name(m: udp::IcrcMode) -> &'static str {
 /// and ICRC.
 pub(super) fn packet_overhead(ip: IpAddr) -> u32 {
     (if ip.is_ipv4() { 20 } else { 40 }) + 8 + 64
+}
+
+/// The window per path at most and where it starts, packets, for `payload`-byte packets. Given
+/// (`--window`), both are it. By default, with a controller whose windows grow (ECN AIMD,
+/// MetaRoCE), 128 KiB of packets at most (`udp::window_for`: 128 of 1024 bytes, 32 of 4096),
+/// starting at 32 packets, the flight a shared bottleneck's queue was measured to take from four
+/// senders (docs/BENCHMARKS.md: four clients through a 2 MB queue lost their fair shares when
+/// each started at 128); with the others, whose rate or own window is the control and this
+/// only a cap, 32.
+pub fn windows(cfg: &PerfConfig, payload: u32) -> (u32, u32) {
+    match cfg.window {
+        Some(w) => (w, cfg.start_window.unwrap_or(w).min(w)),
+        None if cfg.cc.grows_windows() => {
+            let max = udp::window_for(payload);
+            (
+                max,
+                cfg.start_window.unwrap_or(udp::DEFAULT_WINDOW).min(max),
+            )
+        }
+        None => (udp::DEFAULT_WINDOW, udp::DEFAULT_WINDOW),
+    }
 }
 
 /// The payload per packet: `explicit` if it fits the interface of `local_ip`, else the largest
@@ -425,7 +455,9 @@ pub(super) fn validate(cfg: &PerfConfig) -> Result<(), PerfError> {
             "the tools' ICRC is full or off (send-only is for a runner whose NIC checks it)".into(),
         ));
     }
-    if cfg.window.is_some_and(|w| w == 0 || w > 255) {
+    if cfg.window.is_some_and(|w| w == 0 || w > 255)
+        || cfg.start_window.is_some_and(|w| w == 0 || w > 255)
+    {
         return Err(PerfError::Invalid(
             "the window must be 1 to 255 packets".into(),
         ));

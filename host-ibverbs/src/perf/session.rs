@@ -96,16 +96,16 @@ pub(super) fn run_client_one(
     // The server opens its device first (so it gets the data port it asks for, 4791 by
     // default, even when both ends share a host); the client then takes the same port if it is
     // free, any other if not, and sends its queue pairs.
-    // The window goes resolved: the server takes the client's, whatever its own payload.
-    let window = cfg.window.unwrap_or_else(|| {
-        udp::window_for(super::packet_mtu(cfg.mtu, local_ip).unwrap_or(udp::QpAttr::default().mtu))
-    });
+    // The windows go resolved: the server takes the client's, whatever its own payload.
+    let payload = super::packet_mtu(cfg.mtu, local_ip).unwrap_or(udp::QpAttr::default().mtu);
+    let (window, start_window) = super::windows(cfg, payload);
     let mut hello = Message::new("hello")
         .with("test", cfg.test.name())
         .with("transport", cfg.transport.name())
         .with("qps", cfg.qps)
         .with("paths", cfg.paths)
         .with("window", window)
+        .with("start_window", start_window)
         .with("icrc", icrc_name(cfg.icrc))
         .with("cc", cfg.cc.name())
         .with("busy", u8::from(cfg.busy_poll))
@@ -332,6 +332,12 @@ pub(super) fn session_config(
     mine.qps = hello.get("qps")?;
     mine.paths = hello.get("paths")?;
     mine.window = Some(hello.get("window")?);
+    // A client from before the field existed starts at its window.
+    mine.start_window = if hello.text("start_window").is_ok() {
+        Some(hello.get("start_window")?)
+    } else {
+        mine.window
+    };
     // A client from before the field existed runs ECN AIMD.
     let cc = hello.text("cc").unwrap_or("ecn-aimd");
     mine.cc = Cc::from_name(cc)

@@ -149,8 +149,11 @@ pub struct QpAttr {
     pub paths: u8,
     /// Payload bytes per packet.
     pub mtu: u32,
-    /// Packets in flight per path.
+    /// Packets in flight per path at most.
     pub window_per_path: u32,
+    /// Where each path's window starts under ECN AIMD and MetaRoCE, packets (0: at
+    /// `window_per_path`; `transport_core::conn::Config::start_window_per_path`).
+    pub start_window_per_path: u32,
     /// Partition key.
     pub pkey: u16,
     /// Retransmission timeout with few packets in flight, ns.
@@ -184,6 +187,7 @@ impl Default for QpAttr {
             paths: 8,
             mtu: 4096,
             window_per_path: DEFAULT_WINDOW,
+            start_window_per_path: 0,
             pkey: 0xffff,
             rto_low: 1_000_000,
             rto_high: 4_000_000,

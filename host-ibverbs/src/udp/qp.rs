@@ -101,6 +101,7 @@ impl QueuePair {
         cfg.peer_initial_path_seq = remote.path_seq;
         cfg.initial_probe_seq = self.inner.probe_seq;
         cfg.window_per_path = a.window_per_path;
+        cfg.start_window_per_path = a.start_window_per_path;
         cfg.rto_low = a.rto_low;
         cfg.rto_high = a.rto_high;
         cfg.probe_interval = a.probe_interval;

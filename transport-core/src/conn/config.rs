@@ -41,9 +41,14 @@ pub struct Config {
     /// Where this end's probe sequence numbers start; drawn at random per connection, so that a
     /// forged probe reply cannot name an outstanding probe.
     pub initial_probe_seq: u32,
-    /// Packets in flight per path at most (up to 255): where each path's congestion window
-    /// starts and the most it grows to.
+    /// Packets in flight per path at most (up to 255): the most each path's congestion window
+    /// grows to, and where it starts unless `start_window_per_path` says otherwise.
     pub window_per_path: u32,
+    /// Where each path's window starts under ECN AIMD and MetaRoCE (packets, at most
+    /// `window_per_path`; 0, the default: at `window_per_path`). Unmarked ACKs grow it by one
+    /// packet per window's worth, up to `window_per_path`: senders that meet at a bottleneck
+    /// start from a flight the queue holds, and a clear path still opens to the whole window.
+    pub start_window_per_path: u32,
     /// Retransmission timeout with few packets in flight.
     pub rto_low: u64,
     /// Retransmission timeout otherwise.
@@ -127,6 +132,7 @@ impl Config {
             peer_initial_path_seq: 0,
             initial_probe_seq: 0,
             window_per_path: 16,
+            start_window_per_path: 0,
             rto_low: 100_000,
             rto_high: 320_000,
             rto_low_inflight: 3,

@@ -284,7 +284,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             events_lost: 0,
             icrc_tx: IcrcPrefixes::default(),
             icrc_rx: IcrcPrefixes::default(),
-            rate: RateControl::new(cfg.cc, cfg.window_per_path),
+            rate: RateControl::new(cfg.cc, cfg.window_per_path)
+                .starting_at(cfg.start_window_per_path),
             hint_out: 0,
             queue_delay: 0,
             pace_at: None,

@@ -138,6 +138,19 @@ impl<const P: usize> RateControl<P> {
         }
     }
 
+    /// The same controller with each path's window (ECN AIMD, MetaRoCE) starting at `start`
+    /// packets (1 to the maximum; 0 leaves it at the maximum), and MetaRoCE's connection window
+    /// at the paths' together; both grow from there to their maximum on unmarked ACKs. The
+    /// rate- and delay-based controllers keep the maximum as their cap.
+    pub fn starting_at(mut self, start: u32) -> Self {
+        if start != 0 {
+            let start = start.min(self.max_window);
+            self.paths = [PathAimd::new(start); P];
+            self.conn = ConnAimd::new(Self::conn_max(start));
+        }
+        self
+    }
+
     fn conn_max(max_window: u32) -> u32 {
         max_window.saturating_mul(P.max(1) as u32)
     }
@@ -357,6 +370,44 @@ mod tests {
             now: at(now),
             hint_mbps,
         }
+    }
+
+    /// A window started below its maximum grows one packet per window's worth of unmarked
+    /// ACKs, to the maximum and no further; the connection's starts at the paths' together. A
+    /// start of 0 or above the maximum is the maximum; DCQCN keeps the maximum as its cap.
+    #[test]
+    fn a_window_started_low_grows_to_its_maximum() {
+        let unmarked = |acked, t| AckReport {
+            acked,
+            marked: false,
+            srtt: 5_000,
+            now: at(t),
+            hint_mbps: 0,
+        };
+        let mut r: RateControl<4> = RateControl::new(Algorithm::MetaRoce, 128).starting_at(32);
+        assert_eq!((r.window(PathId(0)), r.connection_window()), (32, 4 * 32));
+        r.on_ack(PathId(0), unmarked(32, 1_000));
+        assert_eq!(r.window(PathId(0)), 33);
+        for t in 0..1_000 {
+            r.on_ack(PathId(0), unmarked(255, 2_000 + t));
+        }
+        assert_eq!((r.window(PathId(0)), r.window(PathId(1))), (128, 32));
+        let marked = AckReport {
+            marked: true,
+            ..unmarked(1, 10_000_000)
+        };
+        r.on_ack(PathId(0), marked);
+        assert_eq!(r.window(PathId(0)), 64);
+        let start = |cc, max, start| {
+            RateControl::<4>::new(cc, max)
+                .starting_at(start)
+                .window(PathId(0))
+        };
+        assert_eq!(start(Algorithm::MetaRoce, 128, 0), 128);
+        assert_eq!(start(Algorithm::EcnAimd, 16, 32), 16);
+        assert_eq!(start(Algorithm::EcnAimd, 128, 32), 32);
+        let dcqcn = Algorithm::Dcqcn(DcqcnParams::vendor(100_000));
+        assert_eq!(start(dcqcn, 128, 32), 128);
     }
 
     #[test]

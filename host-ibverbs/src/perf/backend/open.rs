@@ -65,13 +65,14 @@ pub(super) fn open_udp(
         Err(e) => return Err(e.into()),
     };
     let mtu = crate::perf::packet_mtu(cfg.mtu, local_ip)?;
-    let window = cfg.window.unwrap_or_else(|| udp::window_for(mtu));
+    let (window, start_window) = crate::perf::windows(cfg, mtu);
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq();
     let attr = udp::QpAttr {
         paths: cfg.paths,
         mtu,
         window_per_path: window,
+        start_window_per_path: start_window,
         icrc: cfg.icrc,
         cc: cfg.cc.algorithm(
             if cfg.line_rate_mbps > 0 {
