@@ -189,3 +189,82 @@ fn a_silent_peer_leaves_no_timer_due_in_the_past() {
     assert!(stall_from.is_some() && c.peer_silent_waits > 0, "{c:?}");
     assert!(due * 20 < rounds, "due in {due} of {rounds} rounds: {c:?}");
 }
+
+/// The peer's host stalls, and a path's timer fires while it catches up: the peer has read
+/// one path's run of datagrams from its socket (a sender using GSO leaves each path's at once)
+/// and acknowledged it, while the other paths' runs, their tail probes behind them, still wait
+/// in its socket. That ACK is no evidence against the other paths: nothing is declared lost
+/// when their timers fire, and when the peer has read the rest nothing was sent twice. (While
+/// any datagram from the peer counted as its answer, the other paths' flights were declared
+/// lost at that timer, as across a veth: a path's flight declared lost 22 us after its peer was
+/// first heard again, 8.6 ms into its silence.)
+#[test]
+fn a_peer_catching_up_after_a_stall_costs_no_retransmission() {
+    use transport_core::conn::Event;
+    let mut p = Pair::granting_writes(KEY);
+    p.a.conn
+        .post(Instant::ZERO, common::write_at(1, 0, 256 * 1024, KEY))
+        .unwrap();
+    let from = p.now + 3_000;
+    // What reached B's socket while its host was stalled, not yet read.
+    let mut backlog: Vec<(u16, Vec<u8>)> = Vec::new();
+    let hold = |p: &mut Pair, backlog: &mut Vec<(u16, Vec<u8>)>| {
+        p.transmit();
+        for (to_b, port, bytes) in std::mem::take(&mut p.wire) {
+            if to_b {
+                backlog.push((port, bytes));
+            }
+        }
+        p.deliver_and_tick(&mut |_, _| false);
+    };
+    while p.now < from {
+        p.round(&mut |_, _| false);
+    }
+    // Stalled until the paths have waited for the silent peer once and probed again.
+    while p.a.conn.counters().peer_silent_waits < 4 {
+        hold(&mut p, &mut backlog);
+    }
+    let due = p.a.conn.poll_timeout().expect("the paths' timers");
+    while p.now + 2_000 < due {
+        hold(&mut p, &mut backlog);
+    }
+    // B runs again: it reads the first path's run and answers it, just before A's timers fire.
+    backlog.sort_by_key(|(port, _)| *port);
+    let first = backlog[0].0;
+    let run = backlog
+        .iter()
+        .take_while(|(port, _)| *port == first)
+        .count();
+    for (port, bytes) in backlog.drain(..run) {
+        let _ = p.deliver(true, port, &bytes);
+    }
+    p.transmit();
+    for (to_b, port, bytes) in std::mem::take(&mut p.wire) {
+        assert!(!to_b, "A's window is full");
+        let _ = p.deliver(false, port, &bytes);
+    }
+    p.now = due;
+    p.a.conn.handle_timeout(due);
+    let c = *p.a.conn.counters();
+    assert_eq!(
+        c.lost_by_timeout, 0,
+        "at the timer, the peer catching up: {c:?}"
+    );
+    // The rest of the backlog, then both ends as usual.
+    for (port, bytes) in backlog {
+        let _ = p.deliver(true, port, &bytes);
+    }
+    for _ in 0..200_000 {
+        if p.a.events.iter().any(|e| matches!(e, Event::Completion(_))) {
+            break;
+        }
+        p.round(&mut |_, _| false);
+    }
+    let c = p.a.conn.counters();
+    assert!(p.a.mem[..256 * 1024] == p.b.mem[..256 * 1024], "{c:?}");
+    assert_eq!(
+        (c.retransmitted, c.lost_by_timeout, c.lost_by_sack),
+        (0, 0, 0),
+        "{c:?}"
+    );
+}

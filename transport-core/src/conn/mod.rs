@@ -186,6 +186,10 @@ pub struct Connection<
     /// When a datagram of this connection last passed the checks (from any path); `None` until
     /// the first.
     last_heard: Option<Instant>,
+    /// The peer's last silence of at least `rto_low`: when it was last heard before, and first
+    /// heard after. What it sends right after such a silence is its backlog (a stalled host
+    /// catching up), not an answer to what left meanwhile.
+    silence: Option<(Instant, Instant)>,
 }
 
 impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: usize>
@@ -290,6 +294,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             queue_delay: 0,
             pace_at: None,
             last_heard: None,
+            silence: None,
             cfg,
         }
     }

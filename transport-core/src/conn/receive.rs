@@ -76,7 +76,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             self.counters.ecn_ce_received += 1;
         }
         // The peer is alive and this end is hearing it: a path whose probes go unanswered
-        // meanwhile is at fault, not the hosts.
+        // meanwhile is at fault, not the hosts (but see `peer_wait_ends` for a peer catching up).
+        if let Some(h) = self.last_heard {
+            if now.since(h) >= self.cfg.rto_low {
+                self.silence = Some((h, now));
+            }
+        }
         self.last_heard = Some(now);
         match view.ext {
             Extensions::MrAck(ack) => self

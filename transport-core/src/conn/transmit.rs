@@ -253,6 +253,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             // Whether the connection waits for the peer: then a silence of every path may be the
             // peer's host (stalled), not the routes.
             let waiting = self.una != self.nxt;
+            let heard = self.heard_since(self.paths[i].probe_at);
             let p = &mut self.paths[i];
             if p.state == PathState::Probing && p.probe_pending {
                 p.probe_pending = false;
@@ -262,7 +263,6 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 // peer has been silent for `QUIET_PROBES` probes (every route may be dead: the
                 // paths must take new ones). Otherwise the peer's host or this one was stalled
                 // and no path is at fault.
-                let heard = self.last_heard > Some(p.probe_at);
                 if p.probes_unanswered == 0 || heard || !waiting || p.quiet_probes >= QUIET_PROBES {
                     p.probes_unanswered = p.probes_unanswered.saturating_add(1);
                     p.quiet_probes = 0;
