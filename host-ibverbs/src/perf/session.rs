@@ -93,12 +93,12 @@ pub(super) fn run_client_one(
     let local_ip = cfg
         .bind
         .unwrap_or(chan.local_addr().map_err(OobError::Io)?.ip().to_canonical());
-    // The server opens its device first (so it gets the data port it asks for, 4791 by
-    // default, even when both ends share a host); the client then takes the same port if it is
-    // free, any other if not, and sends its queue pairs.
     // The windows go resolved: the server takes the client's, whatever its own payload.
     let payload = super::packet_mtu(cfg.mtu, local_ip).unwrap_or(udp::QpAttr::default().mtu);
     let (window, start_window) = super::windows(cfg, payload);
+    // The server opens its device first (so it gets the data port it asks for, 4791 by
+    // default, even when both ends share a host); the client then takes the same port if it is
+    // free, any other if not, and sends its queue pairs.
     let mut hello = Message::new("hello")
         .with("test", cfg.test.name())
         .with("transport", cfg.transport.name())
