@@ -194,7 +194,9 @@ fn a_silent_peer_leaves_no_timer_due_in_the_past() {
 /// one path's run of datagrams from its socket (a sender using GSO leaves each path's at once)
 /// and acknowledged it, while the other paths' runs, their tail probes behind them, still wait
 /// in its socket. That ACK is no evidence against the other paths: nothing is declared lost
-/// when their timers fire, and when the peer has read the rest nothing was sent twice. (While
+/// when their timers fire, nor while the peer goes on reading slowly and the paths probe again
+/// (the probes sent after its silence are queued behind the rest), and when the peer has read
+/// the rest nothing was sent twice. (While
 /// any datagram from the peer counted as its answer, the other paths' flights were declared
 /// lost at that timer, as across a veth: a path's flight declared lost 22 us after its peer was
 /// first heard again, 8.6 ms into its silence.)
@@ -249,6 +251,31 @@ fn a_peer_catching_up_after_a_stall_costs_no_retransmission() {
     assert_eq!(
         c.lost_by_timeout, 0,
         "at the timer, the peer catching up: {c:?}"
+    );
+    // B goes on reading slowly, one datagram every 10 us, its answers reaching A, while A's
+    // timers fire and it probes again (its new datagrams queue behind the backlog): for 500 us
+    // the last path's run is not reached.
+    let last = backlog.last().map(|(port, _)| *port).expect("a backlog");
+    for k in 0..500 {
+        if k % 10 == 0 && backlog.first().is_some_and(|(port, _)| *port != last) {
+            let (port, bytes) = backlog.remove(0);
+            let _ = p.deliver(true, port, &bytes);
+        }
+        p.transmit();
+        for (to_b, port, bytes) in std::mem::take(&mut p.wire) {
+            if to_b {
+                backlog.push((port, bytes));
+            } else {
+                let _ = p.deliver(false, port, &bytes);
+            }
+        }
+        p.deliver_and_tick(&mut |_, _| false);
+    }
+    let c = *p.a.conn.counters();
+    assert_eq!(
+        (c.lost_by_timeout, c.lost_by_sack),
+        (0, 0),
+        "while the peer catches up slowly: {c:?}"
     );
     // The rest of the backlog, then both ends as usual.
     for (port, bytes) in backlog {

@@ -238,23 +238,20 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// `probe_at` ends: [`PEER_SILENCE_RTOS`] long timeouts after the peer was last heard, if
     /// that was before the probe left; `None` if there is no wait (heard since, or never).
     ///
-    /// A peer that was silent when the probe left (for at least `rto_low`) and is heard again
-    /// is catching up: its first ACKs report what reached it before the probe, and the probe's
-    /// answer is further back in its queue (a capture showed a path's flight declared lost 22 us
-    /// after such a peer was first heard again, 8.6 ms into its silence). Until it acknowledges a
-    /// transmission that left after the probe (on any path: its queue is then past the probe),
-    /// the wait goes on, counted from the start of its silence.
+    /// A peer whose last silence (of at least `rto_low`) began before the probe left, and who
+    /// is heard again, may be catching up: its first ACKs report what reached it before the
+    /// probe, and the probe's answer is further back in its queue (a trace showed a path's flight
+    /// declared lost 22 us after such a peer was first heard again, 8.6 ms into its silence).
+    /// Until it acknowledges a transmission that left after the probe (on any path: its queue is
+    /// then past the probe), the wait goes on, counted from the start of its silence. That holds
+    /// for the probes sent again while it catches up too, which leave after it is heard.
     pub(super) fn peer_wait_ends(&self, probe_at: Instant) -> Option<Instant> {
         let heard = self.last_heard?;
         let quiet_since = if heard <= probe_at {
             heard
         } else {
             match self.silence {
-                Some((from, to))
-                    if from <= probe_at && probe_at < to && self.rack_sent < probe_at =>
-                {
-                    from
-                }
+                Some((from, _)) if from <= probe_at && self.rack_sent < probe_at => from,
                 _ => return None,
             }
         };
