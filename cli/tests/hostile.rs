@@ -381,6 +381,9 @@ fn lists_and_numbers_out_of_line_are_refused() {
         "qps=100000 paths=4 window=16",
         "qps=1 paths=200 window=16",
         "qps=1 paths=4 window=100000",
+        "qps=1 paths=4 window=16 start_window=0",
+        "qps=1 paths=4 window=16 start_window=4096",
+        "qps=1 paths=4 window=16 start_window=x",
         "qps=1 paths=4 window=16 duration_ms=99999999999",
     ] {
         let mut evil = Peer::connect(s.port);

@@ -10,6 +10,15 @@ use transport_core::time::Instant;
 
 const KEY: u32 = 0x33;
 
+/// A pair with A's Write of 256 KiB to B posted.
+fn writing_256_kib() -> Pair {
+    let mut p = Pair::granting_writes(KEY);
+    p.a.conn
+        .post(Instant::ZERO, common::write_at(1, 0, 256 * 1024, KEY))
+        .unwrap();
+    p
+}
+
 #[test]
 fn a_stall_restarts_the_timers_and_what_arrived_meanwhile_settles_the_flight() {
     let mut p = Pair::granting_writes(KEY);
@@ -59,10 +68,7 @@ fn with_a_silent_peer(
     bool,
 ) {
     use transport_core::conn::Event;
-    let mut p = Pair::granting_writes(KEY);
-    p.a.conn
-        .post(Instant::ZERO, common::write_at(1, 0, 256 * 1024, KEY))
-        .unwrap();
+    let mut p = writing_256_kib();
     let start = p.now;
     let mut done = false;
     let mut probing = false;
@@ -159,10 +165,7 @@ fn data_path(d: &[u8]) -> Option<u8> {
 /// follow the longer wait for the peer, they were due in most of them.
 #[test]
 fn a_silent_peer_leaves_no_timer_due_in_the_past() {
-    let mut p = Pair::granting_writes(KEY);
-    p.a.conn
-        .post(Instant::ZERO, common::write_at(1, 0, 256 * 1024, KEY))
-        .unwrap();
+    let mut p = writing_256_kib();
     let mut stall_from = None;
     let (mut due, mut rounds) = (0, 0);
     for _ in 0..100_000 {
@@ -196,17 +199,13 @@ fn a_silent_peer_leaves_no_timer_due_in_the_past() {
 /// in its socket. That ACK is no evidence against the other paths: nothing is declared lost
 /// when their timers fire, nor while the peer goes on reading slowly and the paths probe again
 /// (the probes sent after its silence are queued behind the rest), and when the peer has read
-/// the rest nothing was sent twice. (While
-/// any datagram from the peer counted as its answer, the other paths' flights were declared
-/// lost at that timer, as across a veth: a path's flight declared lost 22 us after its peer was
-/// first heard again, 8.6 ms into its silence.)
+/// the rest nothing was sent twice. (While any datagram from the peer counted as its answer, the
+/// other paths' flights were declared lost at that timer, as across a veth: a path's flight
+/// declared lost 22 us after its peer was first heard again, 8.6 ms into its silence.)
 #[test]
 fn a_peer_catching_up_after_a_stall_costs_no_retransmission() {
     use transport_core::conn::Event;
-    let mut p = Pair::granting_writes(KEY);
-    p.a.conn
-        .post(Instant::ZERO, common::write_at(1, 0, 256 * 1024, KEY))
-        .unwrap();
+    let mut p = writing_256_kib();
     let from = p.now + 3_000;
     // What reached B's socket while its host was stalled, not yet read.
     let mut backlog: Vec<(u16, Vec<u8>)> = Vec::new();
