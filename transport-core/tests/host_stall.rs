@@ -294,3 +294,45 @@ fn a_peer_catching_up_after_a_stall_costs_no_retransmission() {
         "{c:?}"
     );
 }
+
+/// A host that stalls again and again (a slow or overloaded machine, a runner whose every round
+/// runs long) must not put a path's timer off for ever: after eight restarts in a row while the
+/// path does not move, its timer runs through the stalls, and a packet that was really lost is
+/// found and sent again. (Before the bound, a responder under qemu never timed out its Read
+/// responses.)
+#[test]
+fn a_host_that_stalls_every_round_still_finds_a_loss() {
+    let mut p = Pair::granting_writes(KEY);
+    let rto_low = common::config(1, 2).rto_low;
+    p.a.conn
+        .post(Instant::ZERO, common::write_at(1, 0, 1024, KEY))
+        .unwrap();
+    p.transmit();
+    assert_eq!(p.wire.len(), 1);
+    p.wire.clear();
+    let mut done_at = None;
+    for _ in 0..1_000 {
+        // Every round comes late, by less than a timeout: each restart alone would keep the
+        // timer from ever firing.
+        p.now += rto_low * 9 / 10;
+        p.a.conn.handle_host_stall(p.now);
+        p.round(&mut |_, _| false);
+        if p.a.events.iter().any(|e| {
+            matches!(e, transport_core::conn::Event::Completion(c)
+                if c.id == 1 && c.status == Status::Success)
+        }) {
+            done_at = Some(p.now);
+            break;
+        }
+    }
+    let done_at = done_at.expect("the lost packet is found and the Write completes");
+    let c = p.a.conn.counters();
+    assert_eq!(c.retransmitted, 1, "{c:?}");
+    // The timer runs through the stalls after eight restarts and sends a tail probe; its answer
+    // comes after eight more (a probe that left is the path moving): about 18 rounds.
+    assert!(
+        done_at.since(Instant::ZERO) <= 20 * rto_low,
+        "completed at {} ns",
+        done_at.since(Instant::ZERO)
+    );
+}

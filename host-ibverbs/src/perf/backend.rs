@@ -475,7 +475,12 @@ impl Endpoint {
     /// The device counters, for messages about stalls.
     pub fn describe(&self) -> String {
         match &self.be {
-            Be::Udp(u) => format!("{:?}", u.ctx.counters()),
+            // The engine's counters, then each connection's: its counters, paths and rate.
+            Be::Udp(u) => format!(
+                "{:?}; connections: {:?}",
+                u.ctx.counters(),
+                u.ctx.snapshot()
+            ),
             #[cfg(feature = "verbs")]
             Be::Verbs(v) => format!(
                 "verbs device {} (see its ethtool -S counters)",

@@ -27,9 +27,13 @@ fn run_pair_unlocked(mut cfg: PerfConfig) -> (Vec<Report>, Served) {
         .spawn(move || serve_one(&scfg, &listener))
         .unwrap();
     cfg.server = Some("127.0.0.1".into());
-    let reports = run_client(&cfg, |_| {}).unwrap();
-    let served = server.join().unwrap().unwrap();
-    (reports, served)
+    let reports = run_client(&cfg, |_| {});
+    let served = server.join().unwrap();
+    match (reports, served) {
+        (Ok(r), Ok(s)) => (r, s),
+        // Both ends' errors: a stall names each end's counters and paths.
+        (r, s) => panic!("client: {:?}\nserver: {:?}", r.err(), s.err()),
+    }
 }
 
 #[test]

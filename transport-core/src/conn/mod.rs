@@ -90,6 +90,10 @@ const QUIET_PROBES: u8 = 8;
 /// host may be stalled (a software peer whose CPU went to other work), and what it answers when it
 /// runs again tells exactly what was lost. A silence this long may be every route dying at once.
 const PEER_SILENCE_RTOS: u64 = 8;
+/// Restarts for host stalls a path's timers take while the path does not move (its oldest packet
+/// in flight stays unresolved, no probe leaves): a host that stalls again and again (an
+/// overloaded machine, a runner whose every round runs long) must still find a loss.
+const HOST_STALL_RESTARTS: u8 = 8;
 /// Pending NACKs at most.
 const NACK_QUEUE: usize = 16;
 /// Fatal refusals a responder holds until the requester confirms them; while all are taken, a
@@ -228,6 +232,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             tail_probe_cut: Instant::ZERO,
             tail_probe_tries: 0,
             timer_from: Instant::ZERO,
+            stall_restarts: 0,
+            stall_mark: (PathSeq(0), 0),
             last_ack_at: Instant::ZERO,
             stats: PathStats {
                 src_port: entropy_port(cfg.entropy_seed, PathId(i as u8), 0),

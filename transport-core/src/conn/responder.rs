@@ -70,6 +70,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             self.counters.duplicates += 1;
             return Err(DropReason::Duplicate);
         }
+        // A new packet in the receive window, also one refused below: the port its path sends
+        // from (see `on_path_port`). A path that moved to a new port must teach it with a packet
+        // refused for now (receiver not ready) too, or its ACKs from there are dropped while
+        // what they acknowledge fills the queue that keeps refusing it.
+        self.rx_paths[i].peer_port = Some(src_port);
         let stream = usize::from(data.stream_id);
         if stream >= S {
             return self.refuse_invalid(bth.psn, path, &data);
@@ -171,9 +176,6 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             }
         };
         self.accept(bth.psn);
-        // A new packet in the receive window: the port its path sends from (see
-        // `on_path_port`).
-        self.rx_paths[i].peer_port = Some(src_port);
         self.counters.data_received += 1;
         if let Delivery::Place { len, .. } = delivery {
             self.counters.bytes_placed += len as u64;

@@ -149,6 +149,10 @@ pub(super) struct TxPath {
     pub(super) tail_probe_tries: u8,
     /// The retransmission timer runs from the later of this and the oldest transmission.
     pub(super) timer_from: Instant,
+    /// Restarts for host stalls since the path last moved (its oldest packet in flight was
+    /// resolved or a probe left), and where it stood then (`una`, probe sequence).
+    pub(super) stall_restarts: u8,
+    pub(super) stall_mark: (PathSeq, u32),
     /// When the last consistent ACK of this path arrived.
     pub(super) last_ack_at: Instant,
     pub(super) stats: PathStats,

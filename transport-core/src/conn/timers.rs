@@ -173,8 +173,21 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// wait for may have arrived meanwhile and be waiting in the host's buffers; a timeout must
     /// not count the time a packet waited for this host's own CPU. Call it after handing over
     /// what arrived during the stall.
+    ///
+    /// A host that stalls again and again must not put the timers off for ever: a path takes at
+    /// most [`HOST_STALL_RESTARTS`] restarts in a row while it does not move (its oldest packet in
+    /// flight unresolved, no probe sent); then its timer runs through the stalls.
     pub fn handle_host_stall(&mut self, now: Instant) {
         for p in self.paths.iter_mut().take(usize::from(self.cfg.paths)) {
+            let mark = (p.una, p.probe_seq);
+            if p.stall_mark != mark || p.una == p.next_seq {
+                p.stall_mark = mark;
+                p.stall_restarts = 0;
+            }
+            if p.stall_restarts >= HOST_STALL_RESTARTS {
+                continue;
+            }
+            p.stall_restarts += 1;
             p.timer_from = p.timer_from.max(now);
             if p.state == PathState::Probing {
                 p.probe_due = p.probe_due.max(now + self.cfg.probe_interval);

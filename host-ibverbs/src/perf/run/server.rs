@@ -168,8 +168,9 @@ pub(in crate::perf) fn server_phase(
                 (seen, moved_at) = (now_seen, last_check);
             } else if watched && done_counts.is_none() && moved_at.elapsed() > STALL {
                 return Err(PerfError::Stalled(format!(
-                    "the client sent no data and no done for {} s",
-                    STALL.as_secs()
+                    "the client sent no data and no done for {} s; counters: {}",
+                    STALL.as_secs(),
+                    ep.describe()
                 )));
             }
             if done_counts.is_none() {
