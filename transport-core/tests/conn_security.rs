@@ -890,3 +890,79 @@ fn atomics_in_flight_keep_to_one_path() {
     assert_eq!(p.a.conn.counters().rnr_retries, 0);
     assert_eq!(completions(&p.a.events).len(), 12);
 }
+
+/// A peer that keeps refusing for want of a receive buffer is asked again less and less often:
+/// each refusal in a row doubles the wait (50, 100, 200 us... up to 1.6 ms), so a responder whose
+/// resources stay taken is not flooded; once it accepts, the next refusal waits 50 us again.
+#[test]
+fn a_peer_refusing_again_and_again_is_asked_less_often() {
+    let mut p = Pair::new();
+    let rnr_delay = common::config(1, 2).rnr_delay;
+    let send = |id: u64| WorkRequest {
+        id,
+        op: WrOp::Send,
+        stream: 0,
+        local_addr: BASE,
+        len: 64,
+        remote: RemoteAddr::default(),
+    };
+    // Drives the pair by its timers alone for `until` ns; returns when A's Sends went.
+    let run = |p: &mut Pair, until: u64| {
+        let end = p.now + until;
+        let mut sent_at = Vec::new();
+        loop {
+            p.transmit();
+            let wire = std::mem::take(&mut p.wire);
+            if wire.is_empty() {
+                let next = [p.a.conn.poll_timeout(), p.b.conn.poll_timeout()]
+                    .into_iter()
+                    .flatten()
+                    .min();
+                match next {
+                    Some(t) if t <= end => p.now = p.now.max(t),
+                    _ => break,
+                }
+                for side in [&mut p.a, &mut p.b] {
+                    if side.conn.poll_timeout().is_some_and(|t| t <= p.now) {
+                        side.conn.handle_timeout(p.now);
+                    }
+                }
+                continue;
+            }
+            for (to_b, port, bytes) in wire {
+                if to_b && bytes[0] == transport_core::wire::Opcode::MrSend.to_u8() {
+                    sent_at.push(p.now.since(Instant::ZERO));
+                }
+                let _ = p.deliver(to_b, port, &bytes);
+            }
+            p.now += 1_000;
+        }
+        sent_at
+    };
+    p.a.conn.post(p.now, send(1)).unwrap();
+    let sent_at = run(&mut p, 10_000_000);
+    let gaps: Vec<u64> = sent_at.windows(2).map(|w| w[1] - w[0]).collect();
+    assert!(gaps.len() >= 8, "{sent_at:?}");
+    // Each gap is the wait (plus the 1 us rounds of the exchange): doubling, then capped.
+    for (k, gap) in gaps.iter().enumerate() {
+        let wait = rnr_delay << k.min(5);
+        assert!(
+            (wait..wait + 10_000).contains(gap),
+            "gap {k}: {gap} ns, wait {wait}: {gaps:?}"
+        );
+    }
+    // A buffer: the next try is taken; a second Send, refused, goes again after 50 us.
+    p.b.conn
+        .post_recv(RecvRequest {
+            id: 10,
+            stream: 0,
+            addr: BASE + 0x4000,
+            len: 64,
+        })
+        .unwrap();
+    run(&mut p, 2_000_000);
+    p.a.conn.post(p.now, send(2)).unwrap();
+    let sent_at = run(&mut p, 2 * rnr_delay);
+    assert_eq!(sent_at.len(), 2, "sent, refused, sent again: {sent_at:?}");
+    assert!(sent_at[1] - sent_at[0] < rnr_delay + 10_000, "{sent_at:?}");
+}

@@ -325,6 +325,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     }
 
     pub(super) fn advance_window(&mut self) {
+        if self.una != self.peer_cum {
+            // The peer accepted something new: its resources came back.
+            self.rnr_streak = 0;
+        }
         while self.una != self.peer_cum {
             let idx = self.una.get() as usize % W;
             let pk = self.pkts[idx];

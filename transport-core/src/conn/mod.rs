@@ -94,6 +94,11 @@ const PEER_SILENCE_RTOS: u64 = 8;
 /// in flight stays unresolved, no probe leaves): a host that stalls again and again (an
 /// overloaded machine, a runner whose every round runs long) must still find a loss.
 const HOST_STALL_RESTARTS: u8 = 8;
+/// Doublings of `Config::rnr_delay` at most while a peer keeps refusing for want of resources
+/// (32 times: 1.6 ms at the default 50 us). A responder whose queue stays full (Read responses
+/// waiting for ACKs on a slow host) would otherwise be asked again every 50 us, by every
+/// refused packet.
+const RNR_BACKOFF_SHIFT: u8 = 5;
 /// Pending NACKs at most.
 const NACK_QUEUE: usize = 16;
 /// Fatal refusals a responder holds until the requester confirms them; while all are taken, a
@@ -134,6 +139,9 @@ pub struct Connection<
     retx: Ring<Psn, W>,
     /// When a packet held back after a receiver-not-ready NACK may go again.
     retx_wake: Option<Instant>,
+    /// Receiver-not-ready NACKs since the peer last accepted something new: each doubles the
+    /// wait before the refused packet goes again, up to [`RNR_BACKOFF_SHIFT`] doublings.
+    rnr_streak: u8,
     paths: [TxPath; P],
     rr: usize,
     /// The path the last atomic took: atomics keep to one path while it has room, so they
@@ -262,6 +270,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             peer_cum: cfg.initial_psn,
             retx: Ring::new(),
             retx_wake: None,
+            rnr_streak: 0,
             paths: core::array::from_fn(path),
             rr: 0,
             atomic_path: None,

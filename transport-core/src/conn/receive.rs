@@ -316,7 +316,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             self.pkts[idx].acked = false;
             // Forget which transmission this was, so that its ACK cannot mark it delivered.
             self.pkts[idx].path = NO_PATH;
-            let wake = now + self.cfg.rnr_delay;
+            let wake = now + (self.cfg.rnr_delay << self.rnr_streak.min(RNR_BACKOFF_SHIFT));
+            self.rnr_streak = self.rnr_streak.saturating_add(1);
             self.queue_retx(psn, wake);
             self.retx_wake = Some(self.retx_wake.map_or(wake, |w| w.min(wake)));
             return Ok(());
