@@ -115,3 +115,91 @@ fn a_refused_packet_from_a_paths_new_port_teaches_the_peer_that_port() {
         p.b.events
     );
 }
+
+/// A path that moved has nothing new to send (the end of a run: only ACKs and repeats are left):
+/// the peer's tail probe, sent when its data goes unacknowledged, is answered from the new port;
+/// the probe reply (it names the outstanding probe and echoes its timestamp) teaches the port, and
+/// the ACK that comes with it is taken: one ACK dropped, nothing sent again, no path failed.
+#[test]
+fn the_answer_to_a_tail_probe_teaches_a_port_that_moved() {
+    let one_path = |l, r| {
+        let mut c = config(l, r);
+        c.paths = 1;
+        c
+    };
+    let mut p = Pair::with_configs(one_path(1, 2), one_path(2, 1));
+    p.grant_writes(KEY);
+    let len = p.a.mem.len() as u64;
+    p.a.conn
+        .register(Region {
+            key: KEY,
+            base: BASE,
+            len,
+            access: Access::REMOTE_WRITE,
+        })
+        .unwrap();
+    p.a.conn
+        .post(Instant::ZERO, common::write_at(1, 0, 1024, KEY))
+        .unwrap();
+    p.settle();
+    let old =
+        p.a.conn
+            .path_stats(transport_core::conn::PathId(0))
+            .unwrap()
+            .src_port;
+    let new = old ^ 0x0101;
+    p.b.conn
+        .post(p.now, common::write_at(2, 4096, 1024, KEY))
+        .unwrap();
+    let mut dropped = 0;
+    for _ in 0..200 {
+        // Everything both sides have to say, until neither has more.
+        loop {
+            p.transmit();
+            let wire = std::mem::take(&mut p.wire);
+            if wire.is_empty() {
+                break;
+            }
+            for (to_b, port, bytes) in wire {
+                if to_b {
+                    assert_eq!(port, old);
+                    if p.deliver(true, new, &from_port(&bytes, new)).is_err() {
+                        dropped += 1;
+                    }
+                } else {
+                    let _ = p.deliver(false, port, &bytes);
+                }
+            }
+            p.now += 1_000;
+        }
+        while let Some(e) = p.b.conn.poll_event() {
+            p.b.events.push(e);
+        }
+        if !p.b.events.is_empty() {
+            break;
+        }
+        // Nothing else moves: on to the next timer of either side.
+        let next = [p.a.conn.poll_timeout(), p.b.conn.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min()
+            .expect("B waits for its ACK");
+        p.now = p.now.max(next);
+        for side in [&mut p.a, &mut p.b] {
+            if side.conn.poll_timeout().is_some_and(|t| t <= p.now) {
+                side.conn.handle_timeout(p.now);
+            }
+        }
+    }
+    assert!(
+        p.b.events.iter().any(|e| matches!(
+            e,
+            Event::Completion(c) if c.id == 2 && c.status == Status::Success
+        )),
+        "B's Write is acknowledged: {:?}",
+        p.b.events
+    );
+    let c = p.b.conn.counters();
+    assert_eq!(dropped, 1, "only the ACK before the probe: {c:?}");
+    assert_eq!((c.retransmitted, c.path_failures), (0, 0), "{c:?}");
+}
