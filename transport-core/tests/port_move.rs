@@ -7,7 +7,7 @@ mod common;
 
 use common::{config, Pair, BASE};
 use transport_core::conn::{
-    compute_icrc, Access, Event, Region, RemoteAddr, Status, WorkRequest, WrOp,
+    compute_icrc, Access, Event, PathId, Region, RemoteAddr, Status, WorkRequest, WrOp,
 };
 use transport_core::time::Instant;
 use transport_core::wire::Opcode;
@@ -25,12 +25,9 @@ fn from_port(bytes: &[u8], port: u16) -> Vec<u8> {
     moved
 }
 
-/// The livelock this prevents (found with Reads under qemu): the requester's paths failed over to
-/// new ports; the responder, its queue full of Read responses waiting for ACKs, refused every new
-/// Read request (receiver not ready) and so never learned the new ports; it dropped the ACKs of
-/// its responses, which came from them, and its queue stayed full.
-#[test]
-fn a_refused_packet_from_a_paths_new_port_teaches_the_peer_that_port() {
+/// A pair of one path each, both granting Writes, after a Write from A has taught B the port of A's
+/// path; with that port and the one A's path moves to.
+fn moved_pair() -> (Pair, u16, u16) {
     let one_path = |l, r| {
         let mut c = config(l, r);
         c.paths = 1;
@@ -47,17 +44,21 @@ fn a_refused_packet_from_a_paths_new_port_teaches_the_peer_that_port() {
             access: Access::REMOTE_WRITE,
         })
         .unwrap();
-    // A Write from A: B learns the port of A's path.
     p.a.conn
         .post(Instant::ZERO, common::write_at(1, 0, 1024, KEY))
         .unwrap();
     p.settle();
-    let old =
-        p.a.conn
-            .path_stats(transport_core::conn::PathId(0))
-            .unwrap()
-            .src_port;
-    let new = old ^ 0x0101;
+    let old = p.a.conn.path_stats(PathId(0)).unwrap().src_port;
+    (p, old, old ^ 0x0101)
+}
+
+/// The livelock this prevents (found with Reads under qemu): the requester's paths failed over to
+/// new ports; the responder, its queue full of Read responses waiting for ACKs, refused every new
+/// Read request (receiver not ready) and so never learned the new ports; it dropped the ACKs of
+/// its responses, which came from them, and its queue stayed full.
+#[test]
+fn a_refused_packet_from_a_paths_new_port_teaches_the_peer_that_port() {
+    let (mut p, old, new) = moved_pair();
     // B writes to A; A's path has moved: A's ACK of it, and A's Send (B has no receive posted: it
     // refuses it, receiver not ready), come from the new port.
     p.b.conn
@@ -122,32 +123,7 @@ fn a_refused_packet_from_a_paths_new_port_teaches_the_peer_that_port() {
 /// the ACK that comes with it is taken: one ACK dropped, nothing sent again, no path failed.
 #[test]
 fn the_answer_to_a_tail_probe_teaches_a_port_that_moved() {
-    let one_path = |l, r| {
-        let mut c = config(l, r);
-        c.paths = 1;
-        c
-    };
-    let mut p = Pair::with_configs(one_path(1, 2), one_path(2, 1));
-    p.grant_writes(KEY);
-    let len = p.a.mem.len() as u64;
-    p.a.conn
-        .register(Region {
-            key: KEY,
-            base: BASE,
-            len,
-            access: Access::REMOTE_WRITE,
-        })
-        .unwrap();
-    p.a.conn
-        .post(Instant::ZERO, common::write_at(1, 0, 1024, KEY))
-        .unwrap();
-    p.settle();
-    let old =
-        p.a.conn
-            .path_stats(transport_core::conn::PathId(0))
-            .unwrap()
-            .src_port;
-    let new = old ^ 0x0101;
+    let (mut p, old, new) = moved_pair();
     p.b.conn
         .post(p.now, common::write_at(2, 4096, 1024, KEY))
         .unwrap();
