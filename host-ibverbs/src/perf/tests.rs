@@ -28,6 +28,18 @@ fn run_pair_unlocked(mut cfg: PerfConfig) -> (Vec<Report>, Served) {
         .unwrap();
     cfg.server = Some("127.0.0.1".into());
     let reports = run_client(&cfg, |_| {});
+    if let Err(e) = &reports {
+        // The server ends once the client's channel closes (or at its own stall deadline); one
+        // that never heard from the client would wait for ever: report the client alone then.
+        let t = std::time::Instant::now();
+        while !server.is_finished() && t.elapsed() < std::time::Duration::from_secs(20) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(
+            server.is_finished(),
+            "client: {e:?} (the server still waits)"
+        );
+    }
     let served = server.join().unwrap();
     match (reports, served) {
         (Ok(r), Ok(s)) => (r, s),

@@ -250,46 +250,47 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             }
         }
         for i in 0..n {
+            if !(self.paths[i].state == PathState::Probing && self.paths[i].probe_pending) {
+                continue;
+            }
             // Whether the connection waits for the peer: then a silence of every path may be the
             // peer's host (stalled), not the routes.
             let waiting = self.una != self.nxt;
             let heard = self.heard_since(self.paths[i].probe_at);
             let p = &mut self.paths[i];
-            if p.state == PathState::Probing && p.probe_pending {
-                p.probe_pending = false;
-                // A probe left unanswered counts against the path when the peer was heard since
-                // it left (on any path: the peer runs, this route does not carry), when the
-                // connection waits for nothing (no evidence the other way), or once the whole
-                // peer has been silent for `QUIET_PROBES` probes (every route may be dead: the
-                // paths must take new ones). Otherwise the peer's host or this one was stalled
-                // and no path is at fault.
-                if p.probes_unanswered == 0 || heard || !waiting || p.quiet_probes >= QUIET_PROBES {
-                    p.probes_unanswered = p.probes_unanswered.saturating_add(1);
-                    p.quiet_probes = 0;
-                } else {
-                    p.quiet_probes += 1;
-                }
-                p.probe_at = now;
-                if p.probes_unanswered > self.cfg.probes_to_fail {
-                    // Declare the route dead: new entropy, and keep probing on it.
-                    p.generation = p.generation.wrapping_add(1);
-                    p.stats.src_port =
-                        entropy_port(self.cfg.entropy_seed, PathId(i as u8), p.generation);
-                    p.stats.failures += 1;
-                    p.probes_unanswered = 1;
-                    let first = !p.failed;
-                    p.failed = true;
-                    let port = p.stats.src_port;
-                    if first {
-                        self.counters.path_failures += 1;
-                    }
-                    self.push_event(Event::PathFailed {
-                        path: PathId(i as u8),
-                        new_src_port: port,
-                    });
-                }
-                return self.send_probe(now, buf, i);
+            p.probe_pending = false;
+            // A probe left unanswered counts against the path when the peer was heard since
+            // it left (on any path: the peer runs, this route does not carry), when the
+            // connection waits for nothing (no evidence the other way), or once the whole
+            // peer has been silent for `QUIET_PROBES` probes (every route may be dead: the
+            // paths must take new ones). Otherwise the peer's host or this one was stalled
+            // and no path is at fault.
+            if p.probes_unanswered == 0 || heard || !waiting || p.quiet_probes >= QUIET_PROBES {
+                p.probes_unanswered = p.probes_unanswered.saturating_add(1);
+                p.quiet_probes = 0;
+            } else {
+                p.quiet_probes += 1;
             }
+            p.probe_at = now;
+            if p.probes_unanswered > self.cfg.probes_to_fail {
+                // Declare the route dead: new entropy, and keep probing on it.
+                p.generation = p.generation.wrapping_add(1);
+                p.stats.src_port =
+                    entropy_port(self.cfg.entropy_seed, PathId(i as u8), p.generation);
+                p.stats.failures += 1;
+                p.probes_unanswered = 1;
+                let first = !p.failed;
+                p.failed = true;
+                let port = p.stats.src_port;
+                if first {
+                    self.counters.path_failures += 1;
+                }
+                self.push_event(Event::PathFailed {
+                    path: PathId(i as u8),
+                    new_src_port: port,
+                });
+            }
+            return self.send_probe(now, buf, i);
         }
         None
     }
