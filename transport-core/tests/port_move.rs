@@ -179,3 +179,40 @@ fn the_answer_to_a_tail_probe_teaches_a_port_that_moved() {
     assert_eq!(dropped, 1, "only the ACK before the probe: {c:?}");
     assert_eq!((c.retransmitted, c.path_failures), (0, 0), "{c:?}");
 }
+
+/// Hostile: a genuine data packet replayed from another port (a duplicate, or outside the window)
+/// teaches no port, refused or not: only a new packet in the window does. The path's genuine ACKs
+/// from its own port are still taken.
+#[test]
+fn a_replayed_packet_from_a_stranger_port_teaches_nothing() {
+    let (mut p, old, stranger) = moved_pair();
+    p.a.conn
+        .post(p.now, common::write_at(5, 8192, 1024, KEY))
+        .unwrap();
+    p.transmit();
+    let sent: Vec<_> = std::mem::take(&mut p.wire);
+    assert_eq!(sent.len(), 1);
+    let (_, port, bytes) = &sent[0];
+    assert_eq!(*port, old);
+    p.deliver(true, old, bytes).unwrap();
+    for _ in 0..3 {
+        assert!(p
+            .deliver(true, stranger, &from_port(bytes, stranger))
+            .is_err());
+    }
+    // B writes to A: A's ACK from the path's own port is taken, nothing is dropped as from a
+    // wrong port, and both Writes complete.
+    p.b.conn
+        .post(p.now, common::write_at(6, 12288, 1024, KEY))
+        .unwrap();
+    p.settle();
+    assert_eq!(p.b.conn.counters().drop_wrong_port, 0);
+    assert!(p.b.events.iter().any(|e| matches!(
+        e,
+        Event::Completion(c) if c.id == 6 && c.status == Status::Success
+    )));
+    assert!(p.a.events.iter().any(|e| matches!(
+        e,
+        Event::Completion(c) if c.id == 5 && c.status == Status::Success
+    )));
+}
