@@ -162,6 +162,10 @@ pub struct PerfArgs {
     /// UDP transport: no UDP GSO (one datagram per message of a send call).
     #[arg(long)]
     pub no_gso: bool,
+    /// UDP transport: copy every payload next to its headers before the send call (by default
+    /// a payload of 512 bytes or more is read by the kernel where it lies in its region).
+    #[arg(long)]
+    pub copy_send: bool,
     /// UDP transport: no UDP GRO (the kernel hands over datagrams one by one).
     #[arg(long)]
     pub no_gro: bool,
@@ -263,6 +267,7 @@ fn config(test: Test, a: &PerfArgs) -> Result<PerfConfig, String> {
     c.busy_poll = a.busy_poll;
     c.use_event = a.use_event;
     c.gso = !a.no_gso;
+    c.copy_send = a.copy_send;
     c.gro = !a.no_gro;
     c.batch = !a.no_batch;
     c.threads = a.threads;

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{config, write_at, Pair};
+use common::{at_base, config, write_at, Pair};
 use transport_core::conn::PathId;
 use transport_core::conn::{compute_icrc, Config, DropReason, Event, IcrcMode, Status};
 use transport_core::time::Instant;
@@ -162,4 +162,52 @@ fn a_port_the_runner_bound_instead_names_the_path_and_enters_its_icrc() {
         );
     }
     assert_eq!(p.b.conn.counters().drop_bad_icrc, 0);
+}
+
+/// A runner that leaves the payload where it lies (`Connection::seal_split`: headers and trailer
+/// in one buffer, the payload read from memory) puts the same bytes on the wire as one that
+/// copies it in (`Connection::seal`), in both modes, whatever the pad.
+#[test]
+fn sealing_around_the_payload_gives_the_datagram_sealed_whole() {
+    use transport_core::conn::Memory;
+    for mode in [IcrcMode::Full, IcrcMode::Off] {
+        let mut p = pair(mode, mode);
+        for (off, b) in p.a.mem.iter_mut().enumerate() {
+            *b = (off as u8).wrapping_mul(7);
+        }
+        // 10,001 bytes: full packets and a last one of one byte, three bytes of pad.
+        p.a.conn
+            .post(Instant::ZERO, write_at(1, 4096, 10_001, KEY))
+            .unwrap();
+        let (mut whole, mut head) = (vec![0u8; 9000], vec![0u8; 9000]);
+        let mut sent = 0;
+        let mut pads = 0;
+        while let Some(tx) = p.a.conn.poll_transmit(Instant::ZERO, &mut whole) {
+            let mem = at_base(&mut p.a.mem);
+            let payload = mem.read(tx.payload_addr, tx.payload_len).unwrap().to_vec();
+            let trailer = tx.len - tx.header_len - tx.payload_len;
+            pads += usize::from(trailer > 4);
+            head[..tx.header_len].copy_from_slice(&whole[..tx.header_len]);
+            whole[tx.header_len..tx.header_len + tx.payload_len].copy_from_slice(&payload);
+            p.a.conn.seal(&tx, &mut whole);
+            let h = &mut head[..tx.header_len + trailer];
+            h[tx.header_len..].fill(0xa5);
+            p.a.conn.seal_split(&tx, h, &payload);
+            let mut joined = h[..tx.header_len].to_vec();
+            joined.extend_from_slice(&payload);
+            joined.extend_from_slice(&h[tx.header_len..]);
+            assert_eq!(joined, whole[..tx.len], "{mode:?} packet {sent}");
+            if mode == IcrcMode::Full {
+                assert_ne!(icrc_field(&joined), 0);
+            }
+            // A payload of the wrong length leaves the head as it was.
+            if let Some(short) = payload.get(1..) {
+                let before = h.to_vec();
+                p.a.conn.seal_split(&tx, h, short);
+                assert_eq!(*h, before[..]);
+            }
+            sent += 1;
+        }
+        assert!(sent >= 3 && pads == 1, "{sent} packets, {pads} padded");
+    }
 }

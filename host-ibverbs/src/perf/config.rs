@@ -225,6 +225,9 @@ pub struct PerfConfig {
     pub use_event: bool,
     /// UDP transport: UDP GSO on sends.
     pub gso: bool,
+    /// UDP transport: copy every payload next to its headers before sending it (off: large
+    /// payloads leave from their regions; `udp::DeviceConfig::copy_send`).
+    pub copy_send: bool,
     /// UDP transport: UDP GRO on receives.
     pub gro: bool,
     /// UDP transport: several datagrams per system call (`sendmmsg`, `recvmmsg`).
@@ -302,6 +305,7 @@ impl PerfConfig {
             busy_poll: false,
             use_event: false,
             gso: true,
+            copy_send: false,
             gro: true,
             batch: true,
             pcap: None,

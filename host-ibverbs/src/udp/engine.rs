@@ -177,6 +177,9 @@ pub(crate) struct Engine {
     /// A connection changed since `deadline` was computed.
     pub deadline_stale: bool,
     pub gso: bool,
+    /// Payloads of [`transmit::IN_PLACE_MIN`] bytes or more leave from their regions (off: every
+    /// payload is copied next to its headers; always off with a capture).
+    in_place: bool,
     /// Several datagrams per system call; off, one.
     batch: bool,
     pub busy_poll: bool,
@@ -197,11 +200,13 @@ impl Engine {
         rx: UdpSocket,
         opts: SocketOptions,
         gso: bool,
+        in_place: bool,
         batch: bool,
         busy_poll: bool,
         pcap: Option<PcapWriter<BufWriter<File>>>,
     ) -> Engine {
         let local_ip = rx.local_addr().ip();
+        let in_place = in_place && pcap.is_none();
         Engine {
             epoch: super::socket::monotonic_ns(),
             clock_floor: Instant::ZERO,
@@ -228,6 +233,7 @@ impl Engine {
             deadline: Instant::MAX,
             deadline_stale: true,
             gso,
+            in_place,
             batch,
             busy_poll,
             release: Vec::new(),

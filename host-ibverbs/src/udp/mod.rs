@@ -61,6 +61,10 @@ pub struct DeviceConfig {
     pub gso: bool,
     /// Let the kernel coalesce arrivals (UDP GRO).
     pub gro: bool,
+    /// Copy every payload next to its headers before the send call; off (the default), a
+    /// payload of 512 bytes or more is read by the send call where it lies in its region (one
+    /// copy, the kernel's, instead of two). A capture (`pcap`) copies always.
+    pub copy_send: bool,
     /// Several datagrams per system call (`sendmmsg`, `recvmmsg`); off, one per call.
     pub batch: bool,
     /// Socket buffer size to ask for, bytes.
@@ -93,6 +97,7 @@ impl DeviceConfig {
             busy_poll: false,
             gso: true,
             gro: true,
+            copy_send: false,
             batch: true,
             socket_buffer: 8 << 20,
             pcap: None,
@@ -269,7 +274,15 @@ impl Context {
                 )
             }
         };
-        let mut engine = Engine::new(rx, opts, cfg.gso, cfg.batch, cfg.busy_poll, pcap);
+        let mut engine = Engine::new(
+            rx,
+            opts,
+            cfg.gso,
+            !cfg.copy_send,
+            cfg.batch,
+            cfg.busy_poll,
+            pcap,
+        );
         if cfg.line_rate_mbps > 0 {
             engine.fair = Some(transport_core::rate::FairShare::new(
                 cfg.line_rate_mbps,

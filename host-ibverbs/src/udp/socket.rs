@@ -143,6 +143,18 @@ pub struct SendRun {
     pub segment: usize,
 }
 
+/// One message of a [`UdpSocket::send_many_pieces`] call: pieces `first..end`, cut into
+/// datagrams of `segment` bytes when longer (UDP GSO).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PieceMsg {
+    /// Its first piece.
+    pub first: usize,
+    /// One past its last piece.
+    pub end: usize,
+    /// Datagram size (the last may be shorter).
+    pub segment: usize,
+}
+
 /// What one received message held.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RecvMeta {
@@ -488,6 +500,84 @@ impl UdpSocket {
         }
         // SAFETY: the first `n` headers are initialised above and describe live buffers for
         // the duration of the call; MaybeUninit<T> has T's layout.
+        let sent = unsafe {
+            libc::sendmmsg(
+                self.fd.as_raw_fd(),
+                hdrs.as_mut_ptr().cast::<libc::mmsghdr>(),
+                n as _,
+                0,
+            )
+        };
+        if sent < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(sent as usize)
+    }
+
+    /// [`UdpSocket::send_many`] for messages in pieces: message `m` is `iovs[m.first..m.end]`
+    /// joined (headers from one buffer, a payload from where it lies, a trailer), cut into
+    /// datagrams of `m.segment` bytes when longer (UDP GSO). Returns how many messages the
+    /// kernel took.
+    pub fn send_many_pieces(
+        &self,
+        dst: &SocketAddr,
+        iovs: &[io::IoSlice<'_>],
+        msgs: &[PieceMsg],
+    ) -> io::Result<usize> {
+        const MAX: usize = 64;
+        let n = msgs.len().min(MAX);
+        if n == 0 {
+            return Ok(0);
+        }
+        if msgs[..n]
+            .iter()
+            .any(|m| m.first > m.end || m.end > iovs.len())
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "message outside the pieces",
+            ));
+        }
+        let named = self.peer != Some(*dst);
+        let (mut storage, len) = to_raw(dst);
+        // SAFETY: CMSG_SPACE is a pure computation.
+        let space = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
+        assert!(space <= size_of::<[u64; 4]>());
+        let mut hdrs = [const { MaybeUninit::<libc::mmsghdr>::uninit() }; MAX];
+        let mut controls = [const { MaybeUninit::<[u64; 4]>::uninit() }; MAX];
+        for i in 0..n {
+            let m = msgs[i];
+            let pieces = &iovs[m.first..m.end];
+            let bytes: usize = pieces.iter().map(|p| p.len()).sum();
+            // SAFETY: all-zero is a valid mmsghdr.
+            let h = hdrs[i].write(unsafe { zeroed() });
+            if named {
+                h.msg_hdr.msg_name = (&mut storage as *mut libc::sockaddr_storage).cast();
+                h.msg_hdr.msg_namelen = len;
+            }
+            // IoSlice is ABI-compatible with iovec on Unix (std's guarantee); the kernel only
+            // reads through it, the cast to *mut is what the C type wants.
+            h.msg_hdr.msg_iov = pieces.as_ptr() as *mut libc::iovec;
+            h.msg_hdr.msg_iovlen = pieces.len() as _;
+            if m.segment > 0 && bytes > m.segment {
+                let seg = u16::try_from(m.segment).map_err(io::Error::other)?;
+                let control = controls[i].write([0u64; 4]);
+                h.msg_hdr.msg_control = control.as_mut_ptr().cast();
+                h.msg_hdr.msg_controllen = space as _;
+                // SAFETY: msg_control points at this message's own zeroed control buffer, large
+                // enough for one cmsg of a u16 (asserted above).
+                unsafe {
+                    let cmsg = libc::CMSG_FIRSTHDR(&h.msg_hdr);
+                    (*cmsg).cmsg_level = SOL_UDP;
+                    (*cmsg).cmsg_type = UDP_SEGMENT;
+                    (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
+                    libc::CMSG_DATA(cmsg).cast::<u16>().write_unaligned(seg);
+                }
+            }
+        }
+        // SAFETY: the first `n` headers are initialised above; each points at pieces of `iovs`
+        // (checked in range above), live slices for the duration of the call, and at its own
+        // control buffer; MaybeUninit<T> has T's layout.
         let sent = unsafe {
             libc::sendmmsg(
                 self.fd.as_raw_fd(),

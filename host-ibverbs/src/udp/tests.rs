@@ -614,6 +614,29 @@ fn gso_gro_and_batched_calls_can_each_be_turned_off() {
     assert!(a.tx_packets > a.tx_syscalls, "{a:?}");
 }
 
+#[test]
+fn payloads_leave_from_their_region_or_copied_with_the_same_bytes() {
+    // Defaults: every full-sized payload is read by the send call where it lies (write_2mib
+    // checks the bytes that arrived), in GSO runs and batches as before.
+    let (a, _) = write_2mib(|_| {});
+    assert!(a.tx_in_place >= (2 << 20) / 4096, "{a:?}");
+    assert!(a.tx_gso_batches > 0, "{a:?}");
+    // Copied next to the headers, as a capture does.
+    let (a, _) = write_2mib(|c| c.copy_send = true);
+    assert_eq!(a.tx_in_place, 0, "{a:?}");
+    // In place, one datagram per call: each call's pieces are one datagram's.
+    let (a, _) = write_2mib(|c| {
+        c.gso = false;
+        c.batch = false;
+    });
+    assert!(a.tx_in_place > 0 && a.tx_syscalls == a.tx_packets, "{a:?}");
+    // A capture turns it off: the file holds whole datagrams.
+    let dir = std::env::temp_dir().join(format!("metaroce-inplace-{}", std::process::id()));
+    let (a, _) = write_2mib(|c| c.pcap = Some(dir.clone()));
+    let _ = std::fs::remove_file(&dir);
+    assert_eq!(a.tx_in_place, 0, "{a:?}");
+}
+
 /// CPU time of the calling thread.
 fn thread_cpu() -> Duration {
     let mut ts = libc::timespec {

@@ -114,17 +114,18 @@ pub(super) fn icrc_set(path: Option<u8>, src_port: u16) -> usize {
 }
 
 impl IcrcPrefixes {
-    /// [`compute_icrc`] through the cache.
+    /// [`compute_icrc`] through the cache, over the transport's bytes in `parts` (joined).
     #[inline]
     pub(super) fn icrc(
         &mut self,
         (src, dst): (IpAddr, IpAddr),
         (src_port, dst_port): (u16, u16),
-        transport: &[u8],
+        parts: &[&[u8]],
         engine: icrc::Engine,
         set: usize,
     ) -> u32 {
-        let key = prefix_key(src_port, transport.len());
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let key = prefix_key(src_port, len);
         let ways = &mut self.0[set % ICRC_SETS];
         let prefix = match *ways {
             [Some((k, p)), _] if k == key => p,
@@ -133,13 +134,16 @@ impl IcrcPrefixes {
                 p
             }
             [first, _] => {
-                let (ip, ip_len, udp) = icrc_headers(src, dst, src_port, dst_port, transport.len());
-                let p = icrc::split_prefix(&ip[..ip_len], &udp, transport.len());
+                let (ip, ip_len, udp) = icrc_headers(src, dst, src_port, dst_port, len);
+                let p = icrc::split_prefix(&ip[..ip_len], &udp, len);
                 *ways = [Some((key, p)), first];
                 p
             }
         };
-        icrc::finish_split(&prefix, transport, engine)
+        match parts {
+            [whole] => icrc::finish_split(&prefix, whole, engine),
+            _ => icrc::finish_split_parts(&prefix, parts, engine),
+        }
     }
 
     /// Whether the prefix of (`src_port`, `len`) is cached.

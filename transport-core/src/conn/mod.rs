@@ -562,7 +562,7 @@ mod unit {
                 for (path, &port) in (0u8..).zip(&ports) {
                     for len in [1076, 40] {
                         let set = icrc_set(Some(path), port);
-                        cache.icrc(ips, (port, 4791), &data[..len], BuiltIn, set);
+                        cache.icrc(ips, (port, 4791), &[&data[..len]], BuiltIn, set);
                     }
                 }
             }
@@ -600,7 +600,7 @@ mod unit {
                         // Paths named right, wrong, or not at all: the same CRC.
                         let set = icrc_set([None, Some(0), Some(3)][round], port);
                         assert_eq!(
-                            cache.icrc(ips, (port, 4791), t, engine, set),
+                            cache.icrc(ips, (port, 4791), &[t], engine, set),
                             want,
                             "{port} {len}"
                         );

@@ -140,7 +140,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 == self.icrc_rx.icrc(
                     (self.cfg.remote_ip, self.cfg.local_ip),
                     (src_port, self.cfg.local_port),
-                    d.covered(),
+                    &[d.covered()],
                     self.cfg.icrc_engine,
                     icrc_set(path_byte(&d.ext), src_port),
                 )

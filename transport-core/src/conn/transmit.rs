@@ -669,10 +669,42 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             icrc_tx.icrc(
                 (cfg.local_ip, cfg.remote_ip),
                 (tx.src_port, cfg.dst_port),
-                covered,
+                &[covered],
                 cfg.icrc_engine,
                 icrc_set(Some(tx.path.0), tx.src_port),
             )
         });
+    }
+
+    /// [`Connection::seal`] for a datagram whose payload stays where it lies (a runner that sends
+    /// it from there, such as by `sendmsg` with the headers, the payload and the trailer as three
+    /// pieces): `head` holds the headers from [`Connection::poll_transmit`] and room for the
+    /// trailer after them (`tx.len - tx.payload_len` bytes in all), `payload` the
+    /// `tx.payload_len` bytes. Writes the pad and the ICRC into the trailer; the ICRC is the one
+    /// [`Connection::seal`] computes over the same bytes joined. A `head` or `payload` of the
+    /// wrong length leaves `head` untouched.
+    pub fn seal_split(&mut self, tx: &Transmit, head: &mut [u8], payload: &[u8]) {
+        let trailer_len = tx.len.saturating_sub(tx.header_len + tx.payload_len);
+        if trailer_len < 4
+            || payload.len() != tx.payload_len
+            || head.len() != tx.header_len + trailer_len
+        {
+            return;
+        }
+        let icrc_at = head.len() - 4;
+        head[tx.header_len..icrc_at].fill(0);
+        let value = if self.cfg.icrc.sends() {
+            let (headers, pad) = head[..icrc_at].split_at(tx.header_len);
+            self.icrc_tx.icrc(
+                (self.cfg.local_ip, self.cfg.remote_ip),
+                (tx.src_port, self.cfg.dst_port),
+                &[headers, payload, pad],
+                self.cfg.icrc_engine,
+                icrc_set(Some(tx.path.0), tx.src_port),
+            )
+        } else {
+            0
+        };
+        head[icrc_at..].copy_from_slice(&value.to_le_bytes());
     }
 }

@@ -44,6 +44,7 @@ pub(super) fn open_udp(
     dc.port = cfg.data_port;
     dc.busy_poll = cfg.busy_poll;
     dc.gso = cfg.gso;
+    dc.copy_send = cfg.copy_send;
     dc.gro = cfg.gro;
     dc.batch = cfg.batch;
     dc.pcap = cfg.pcap.clone();

@@ -2,14 +2,41 @@
 //! path and destination, and sent a GSO run per `sendmmsg` message.
 
 use super::*;
-use crate::udp::socket::SendRun as Run;
+use crate::udp::socket::{PieceMsg, SendRun};
+use std::io::IoSlice;
 
-/// Datagrams waiting to leave from one source port to one destination: one buffer, cut into
-/// messages of one `sendmmsg` call, each a single datagram or a GSO run of equal segments (the
-/// last may be shorter).
+/// Payloads this long or longer leave from where they lie in their region (the send call reads
+/// them there: no copy into the stage); shorter ones are copied in with their headers, which
+/// costs less than a piece of their own in the call (a ping's two bytes).
+pub(super) const IN_PLACE_MIN: usize = 512;
+
+/// A piece of a staged datagram: bytes of the stage's buffer, or a payload in a region, read by
+/// the send call where it lies.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Piece {
+    Staged { start: usize, len: usize },
+    Region { addr: u64, len: usize },
+}
+
+/// A message of one `sendmmsg` call: a single datagram or a GSO run of equal segments (the last
+/// may be shorter), made of the stage's pieces `first..end`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Run {
+    pub(super) first: usize,
+    pub(super) end: usize,
+    pub(super) len: usize,
+    pub(super) segment: usize,
+}
+
+/// Datagrams waiting to leave from one source port to one destination: their headers (and
+/// short payloads) in one buffer, the pieces they are made of, and the messages of one
+/// `sendmmsg` call they are cut into.
 pub(super) struct Stage {
     pub(super) key: (u16, SocketAddr),
     pub(super) buf: Vec<u8>,
+    pub(super) pieces: Vec<Piece>,
+    /// Some piece is a payload in a region (else every message is one run of `buf`).
+    pub(super) in_place: bool,
     pub(super) msgs: Vec<Run>,
     /// It holds a datagram with payload (sent before those with headers only).
     pub(super) data: bool,
@@ -86,6 +113,8 @@ pub(super) fn stage_of(
         stages.push(Stage {
             key,
             buf: Vec::with_capacity(GSO_MAX_BYTES),
+            pieces: Vec::with_capacity(3 * GSO_MAX_SEGMENTS),
+            in_place: false,
             msgs: Vec::with_capacity(TX_BATCH),
             data: false,
             queued: false,
@@ -175,47 +204,71 @@ impl Engine {
                 }
             };
             let wire_port = tx.src_port;
-            // The datagram is built where it leaves from, the stage's buffer: headers from the
-            // scratch buffer, the payload straight from the region (one copy, not two), then
-            // pad and ICRC in place.
             let buf = &mut self.stages[stage].buf;
             let start = buf.len();
-            buf.reserve(tx.len);
-            buf.extend_from_slice(&scratch[..tx.header_len]);
-            // (`Connection::fill_and_seal` wants the datagram's room laid out first, which here
-            // would zero the payload's bytes before copying them: the copy appends instead.)
-            match self.mems.read(tx.payload_addr, tx.payload_len) {
-                Some(payload) => buf.extend_from_slice(payload),
+            let trailer = tx.len - tx.header_len - tx.payload_len;
+            let payload = match self.mems.read(tx.payload_addr, tx.payload_len) {
+                Some(p) => Some(p),
                 None => {
                     // Cannot happen for buffers checked at post time; send zeros, count it.
-                    buf.resize(start + tx.header_len + tx.payload_len, 0);
                     self.counters.tx_bad_local += 1;
+                    None
                 }
-            }
-            buf.resize(start + tx.len, 0);
-            conn.seal(&tx, &mut buf[start..]);
+            };
+            let in_place = match payload {
+                Some(p) if self.in_place && tx.payload_len >= IN_PLACE_MIN => {
+                    // Headers and trailer here, the payload read from its region by the send
+                    // call: no copy of it in user space.
+                    buf.reserve(tx.header_len + trailer);
+                    buf.extend_from_slice(&scratch[..tx.header_len]);
+                    buf.resize(start + tx.header_len + trailer, 0);
+                    conn.seal_split(&tx, &mut buf[start..], p);
+                    self.counters.tx_in_place += 1;
+                    Some(tx.header_len)
+                }
+                _ => {
+                    // The datagram is built where it leaves from, the stage's buffer: headers
+                    // from the scratch buffer, the payload from the region (one copy), then pad
+                    // and ICRC in place. (`Connection::fill_and_seal` wants the datagram's room
+                    // laid out first, which here would zero the payload's bytes before copying
+                    // them: the copy appends instead.)
+                    buf.reserve(tx.len);
+                    buf.extend_from_slice(&scratch[..tx.header_len]);
+                    match payload {
+                        Some(p) => buf.extend_from_slice(p),
+                        None => buf.resize(start + tx.header_len + tx.payload_len, 0),
+                    }
+                    buf.resize(start + tx.len, 0);
+                    conn.seal(&tx, &mut buf[start..]);
+                    None
+                }
+            };
             sent = true;
-            self.staged(stage, wire_port, peer, start, tx.payload_len > 0);
+            let shape = Datagram {
+                start,
+                len: tx.len,
+                in_place: in_place.map(|h| (h, tx.payload_addr, tx.payload_len)),
+            };
+            self.staged(stage, wire_port, peer, shape, tx.payload_len > 0);
         }
         self.scratch = scratch;
         sent
     }
 
-    /// Queues the datagram built at `start` of stage `idx`'s buffer (to its end; see `stage_of`),
-    /// whose path leaves from `wire_port`.
+    /// Queues datagram `d` of stage `idx`, whose path leaves from `wire_port`.
     pub(super) fn staged(
         &mut self,
         idx: usize,
         wire_port: u16,
         dst: SocketAddr,
-        start: usize,
+        d: Datagram,
         data: bool,
     ) {
-        let d = &self.stages[idx].buf[start..];
-        let len = d.len();
+        let len = d.len;
         self.counters.tx_packets += 1;
         self.counters.tx_bytes += len as u64;
         if let Some(p) = self.pcap.as_mut() {
+            // (A capture turns payloads in place off: the datagram is whole in the buffer.)
             let t = since(self.epoch);
             write_pcap(
                 p,
@@ -223,7 +276,7 @@ impl Engine {
                 SocketAddr::new(self.local_ip, wire_port),
                 dst,
                 crate::udp::socket::ECT0,
-                d,
+                &self.stages[idx].buf[d.start..],
             );
         }
         let gso = self.gso;
@@ -242,16 +295,53 @@ impl Engine {
                 && r.len / r.segment < GSO_MAX_SEGMENTS
                 && r.len + len <= GSO_MAX_BYTES
         });
-        if extend {
-            if let Some(r) = s.msgs.last_mut() {
-                r.len += len;
-            }
-        } else {
+        if !extend {
+            let at = s.pieces.len();
             s.msgs.push(Run {
-                start,
-                len,
+                first: at,
+                end: at,
+                len: 0,
                 segment: len,
             });
+        }
+        let first = s.msgs.last().map_or(0, |r| r.first);
+        let mut push = |p: Piece| {
+            // Bytes that follow the message's last piece in the buffer join it.
+            if let (Some(Piece::Staged { start, len }), Piece::Staged { start: s2, len: l2 }) =
+                (s.pieces[first..].last_mut(), p)
+            {
+                if *start + *len == s2 {
+                    *len += l2;
+                    return;
+                }
+            }
+            s.pieces.push(p);
+        };
+        match d.in_place {
+            None => push(Piece::Staged {
+                start: d.start,
+                len,
+            }),
+            Some((header_len, addr, payload_len)) => {
+                push(Piece::Staged {
+                    start: d.start,
+                    len: header_len,
+                });
+                push(Piece::Region {
+                    addr,
+                    len: payload_len,
+                });
+                push(Piece::Staged {
+                    start: d.start + header_len,
+                    len: len - header_len - payload_len,
+                });
+                s.in_place = true;
+            }
+        }
+        let end = s.pieces.len();
+        if let Some(r) = s.msgs.last_mut() {
+            r.end = end;
+            r.len += len;
         }
         if s.msgs.len() >= TX_BATCH {
             self.flush_one(idx);
@@ -283,12 +373,65 @@ impl Engine {
         }
         let (src_port, dst) = s.key;
         let sock = self.tx[&src_port].sock.as_ref().unwrap_or(&self.rx);
+        // The pieces as the call reads them: the stage's buffer, and payloads read from their
+        // regions, checked against the live regions again (nothing ran between staging and here
+        // that could remove one; a region that were gone would send zeros, as at staging).
+        let mems = &self.mems;
+        let iovs: Vec<IoSlice<'_>> = if s.in_place {
+            s.pieces
+                .iter()
+                .map(|p| match *p {
+                    Piece::Staged { start, len } => IoSlice::new(&s.buf[start..start + len]),
+                    Piece::Region { addr, len } => IoSlice::new(
+                        mems.read(addr, len)
+                            .unwrap_or(&ZEROS[..len.min(ZEROS.len())]),
+                    ),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mut runs: &[Run] = &s.msgs;
         while !runs.is_empty() {
             self.counters.tx_syscalls += 1;
             // One message per call without batching (a GSO run is still one message).
             let call = if batch { runs } else { &runs[..1] };
-            match sock.send_many(&dst, &s.buf, call) {
+            let result = if s.in_place {
+                let mut msgs = [PieceMsg {
+                    first: 0,
+                    end: 0,
+                    segment: 0,
+                }; TX_BATCH];
+                let n = call.len().min(TX_BATCH);
+                for (m, r) in msgs.iter_mut().zip(&call[..n]) {
+                    *m = PieceMsg {
+                        first: r.first,
+                        end: r.end,
+                        segment: r.segment,
+                    };
+                }
+                sock.send_many_pieces(&dst, &iovs, &msgs[..n])
+            } else {
+                let mut msgs = [SendRun {
+                    start: 0,
+                    len: 0,
+                    segment: 0,
+                }; TX_BATCH];
+                let n = call.len().min(TX_BATCH);
+                for (m, r) in msgs.iter_mut().zip(&call[..n]) {
+                    let start = match s.pieces[r.first] {
+                        Piece::Staged { start, .. } => start,
+                        Piece::Region { .. } => 0,
+                    };
+                    *m = SendRun {
+                        start,
+                        len: r.len,
+                        segment: r.segment,
+                    };
+                }
+                sock.send_many(&dst, &s.buf, &msgs[..n])
+            };
+            match result {
                 Ok(0) => break,
                 Ok(n) => {
                     self.counters.tx_gso_batches +=
@@ -307,7 +450,23 @@ impl Engine {
                     self.counters.tx_gso_disabled += 1;
                     let r = runs[0];
                     runs = &runs[1..];
-                    for d in s.buf[r.start..r.start + r.len].chunks(r.segment) {
+                    let joined: Vec<u8> = if s.in_place {
+                        iovs[r.first..r.end]
+                            .iter()
+                            .flat_map(|p| p.iter().copied())
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
+                    let bytes = if s.in_place {
+                        &joined[..]
+                    } else {
+                        match s.pieces[r.first] {
+                            Piece::Staged { start, .. } => &s.buf[start..start + r.len],
+                            Piece::Region { .. } => &[][..],
+                        }
+                    };
+                    for d in bytes.chunks(r.segment) {
                         self.counters.tx_syscalls += 1;
                         if sock.send(&dst, d, 0).is_err() {
                             self.counters.tx_errors += 1;
@@ -323,6 +482,21 @@ impl Engine {
             }
         }
         s.buf.clear();
+        s.pieces.clear();
+        s.in_place = false;
         s.msgs.clear();
     }
+}
+
+/// Zeros for a payload whose region is gone (never, as the engine runs: see `flush_one`).
+static ZEROS: [u8; 65536] = [0; 65536];
+
+/// Where a datagram lies in its stage's buffer: `len` bytes from `start`, or, with
+/// `in_place` (header length, payload address, payload length), its headers and trailer there
+/// and its payload in a region.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Datagram {
+    pub(super) start: usize,
+    pub(super) len: usize,
+    pub(super) in_place: Option<(usize, u64, usize)>,
 }

@@ -35,6 +35,9 @@ engine_counters! {
     tx_syscalls,
     /// Sends that carried several datagrams (UDP GSO).
     tx_gso_batches,
+    /// Datagrams whose payload the send call read where it lay in its region (no copy in user
+    /// space; `DeviceConfig::copy_send` off).
+    tx_in_place,
     /// Times GSO was turned off because the route could not segment.
     tx_gso_disabled,
     /// Datagrams the kernel refused to send (buffer full or error); the core retransmits them.
