@@ -352,7 +352,8 @@ pub(super) fn packet_overhead(ip: IpAddr) -> u32 {
 
 /// The window per path at most and where it starts, packets, for `payload`-byte packets. Given
 /// (`--window`), both are it. By default, with a controller whose windows grow (ECN AIMD,
-/// MetaRoCE), 128 KiB of packets at most (`udp::window_for`: 128 of 1024 bytes, 32 of 4096),
+/// MetaRoCE), 128 KiB of packets or 64 packets at most (`udp::window_for`: 128 of 1024 bytes,
+/// 64 of 4096),
 /// starting at 32 packets, the flight a shared bottleneck's queue was measured to take from four
 /// senders (docs/BENCHMARKS.md: four clients through a 2 MB queue lost their fair shares when
 /// each started at 128); with the others, whose rate or own window is the control and this

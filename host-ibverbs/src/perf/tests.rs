@@ -73,14 +73,14 @@ fn every_bandwidth_test_moves_verified_bytes() {
     }
 }
 
-/// The window per path is a byte budget by default: at most 128 KiB of packets, 128 of 1024
-/// bytes (MTU 1500) and 32 of 4096, starting at 32 and growing on unmarked ACKs (nothing marks
+/// The window per path by default: at most 128 KiB of packets, or 64 packets where they fit in
+/// 256 KiB: 128 of 1024 bytes (MTU 1500) and 64 of 4096, starting at 32 and growing on unmarked ACKs (nothing marks
 /// here); `--window` sets both, in packets.
 #[test]
-fn the_default_window_holds_up_to_128_kib_of_packets() {
+fn the_default_window_holds_128_kib_or_64_packets() {
     for (mtu, window, iters, want) in [
         (1024, None, 3000, 33..=128),
-        (4096, None, 200, 32..=32),
+        (4096, None, 3000, 33..=64),
         (1024, Some(20), 200, 20..=20),
     ] {
         let mut cfg = PerfConfig::new(Test::WriteBw);
@@ -102,7 +102,7 @@ fn the_default_window_holds_up_to_128_kib_of_packets() {
 }
 
 /// What the windows resolve to: given, both are it; by default the growing controllers (ECN
-/// AIMD, MetaRoCE) start at 32 and grow to 128 KiB of packets, the others keep 32.
+/// AIMD, MetaRoCE) start at 32 and grow to 128 KiB or 64 packets, the others keep 32.
 #[test]
 fn windows_resolve_by_payload_and_controller() {
     let with = |cc, window, start| {
@@ -112,7 +112,7 @@ fn windows_resolve_by_payload_and_controller() {
     };
     assert_eq!(windows(&with(Cc::MetaRoce, None, None), 1024), (128, 32));
     assert_eq!(windows(&with(Cc::EcnAimd, None, None), 2048), (64, 32));
-    assert_eq!(windows(&with(Cc::MetaRoce, None, None), 4096), (32, 32));
+    assert_eq!(windows(&with(Cc::MetaRoce, None, None), 4096), (64, 32));
     assert_eq!(windows(&with(Cc::MetaRoce, None, None), 256), (255, 32));
     for cc in [Cc::Dcqcn, Cc::DcqcnPaper, Cc::Timely, Cc::Swift] {
         assert_eq!(windows(&with(cc, None, None), 1024), (32, 32), "{cc:?}");
@@ -128,8 +128,8 @@ fn windows_resolve_by_payload_and_controller() {
         (16, 16)
     );
     assert_eq!(
-        [256, 512, 1024, 2048, 4096, 9000].map(udp::window_for),
-        [255, 255, 128, 64, 32, 16]
+        [256, 512, 1024, 2048, 4096, 8192, 9000, 60000].map(udp::window_for),
+        [255, 255, 128, 64, 64, 32, 29, 16]
     );
 }
 

@@ -136,15 +136,25 @@ pub const DEFAULT_WINDOW: u32 = 32;
 /// is bytes), taken in packets of the payload in use by [`window_for`].
 pub const DEFAULT_WINDOW_BYTES: u32 = 128 << 10;
 
+/// Packets in flight per path by default at least, where that takes no more than twice
+/// [`DEFAULT_WINDOW_BYTES`] ([`window_for`]).
+pub const MIN_WINDOW_PACKETS: u32 = 64;
+
 /// The default window per path, packets, for `payload`-byte packets: [`DEFAULT_WINDOW_BYTES`]
-/// of them, 16 to 255 packets (the 256-bit SACK bitmap bounds a path's flight). 32 at 4096
-/// bytes, 128 at 1024.
+/// of them, or [`MIN_WINDOW_PACKETS`] where they fit in twice that, 16 to 255 packets (the
+/// 256-bit SACK bitmap bounds a path's flight). 64 at 4096 bytes and 2048, 128 at 1024.
 ///
-/// Measured across a veth at MTU 1500 (1024-byte payloads; docs/BENCHMARKS.md): 32 packets a
-/// path held write-bw 10-20% below 128, while on loopback (4096-byte payloads) 128 packets, four
-/// times the bytes, left write-bw at 0.55-0.75x of 32: what counts is the bytes in flight.
+/// Measured (docs/BENCHMARKS.md): across a veth at MTU 1500 (1024-byte payloads), 32 packets a
+/// path held write-bw 10-20% below 128, and 255 held it 5-20% below; with 4096-byte payloads
+/// (loopback, veth at MTU 9000), since payloads leave from their regions, 64 packets moved
+/// 10-15% more than 32 (a 64 KB GSO send holds 15 of them: a path needs a few sends in flight,
+/// not only bytes), where the copying sender of before lost a quarter or more at 128 (its
+/// staging buffers left the caches).
 pub fn window_for(payload: u32) -> u32 {
-    (DEFAULT_WINDOW_BYTES / payload.max(1)).clamp(16, 255)
+    let payload = payload.max(1);
+    let by_bytes = DEFAULT_WINDOW_BYTES / payload;
+    let by_count = MIN_WINDOW_PACKETS.min(2 * DEFAULT_WINDOW_BYTES / payload);
+    by_bytes.max(by_count).clamp(16, 255)
 }
 
 /// A queue pair's connection parameters.
@@ -178,7 +188,8 @@ pub struct QpAttr {
 }
 
 impl Default for QpAttr {
-    /// 8 paths, 4096-byte packets, 32 packets (128 KiB, [`window_for`]) in flight per path, and
+    /// 8 paths, 4096-byte packets, 32 packets (128 KiB; the tools' default grows to 64,
+    /// [`window_for`]) in flight per path, and
     /// timers sized for a host: a software endpoint can be descheduled for hundreds of
     /// microseconds, so the RTO starts at 1 ms rather than the 100 us a NIC would use. The window
     /// too is sized for a host: its round trip includes batching in both kernels and both
