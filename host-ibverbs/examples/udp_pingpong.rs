@@ -66,6 +66,8 @@ fn like_transport(s: &UdpSocket, receives: bool) {
     if receives {
         set(s, libc::IPPROTO_IP, libc::IP_RECVTOS, 1);
         set(s, libc::SOL_UDP, libc::UDP_GRO, 1);
+        // The kernel's arrival time on every datagram (SO_TIMESTAMPNS, the 64-bit layout).
+        set(s, libc::SOL_SOCKET, 35, 1);
     }
 }
 
