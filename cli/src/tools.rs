@@ -162,6 +162,11 @@ pub struct PerfArgs {
     /// UDP transport: no UDP GSO (one datagram per message of a send call).
     #[arg(long)]
     pub no_gso: bool,
+    /// UDP transport: packets in a row a path takes once picked (1: a path per packet, as a NIC
+    /// sprays); a local choice of the sender.
+    #[arg(long, default_value_t = host_ibverbs::udp::DEFAULT_SPRAY_BURST,
+          value_parser = clap::value_parser!(u8).range(1..))]
+    pub spray_burst: u8,
     /// UDP transport: copy every payload next to its headers before the send call (by default
     /// a payload of 512 bytes or more is read by the kernel where it lies in its region).
     #[arg(long)]
@@ -268,6 +273,7 @@ fn config(test: Test, a: &PerfArgs) -> Result<PerfConfig, String> {
     c.use_event = a.use_event;
     c.gso = !a.no_gso;
     c.copy_send = a.copy_send;
+    c.spray_burst = a.spray_burst;
     c.gro = !a.no_gro;
     c.batch = !a.no_batch;
     c.threads = a.threads;

@@ -228,6 +228,8 @@ pub struct PerfConfig {
     /// UDP transport: copy every payload next to its headers before sending it (off: large
     /// payloads leave from their regions; `udp::DeviceConfig::copy_send`).
     pub copy_send: bool,
+    /// UDP transport: packets in a row a path takes once picked (`udp::QpAttr::spray_burst`).
+    pub spray_burst: u8,
     /// UDP transport: UDP GRO on receives.
     pub gro: bool,
     /// UDP transport: several datagrams per system call (`sendmmsg`, `recvmmsg`).
@@ -306,6 +308,7 @@ impl PerfConfig {
             use_event: false,
             gso: true,
             copy_send: false,
+            spray_burst: udp::DEFAULT_SPRAY_BURST,
             gro: true,
             batch: true,
             pcap: None,

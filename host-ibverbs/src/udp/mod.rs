@@ -132,6 +132,9 @@ pub struct WorkCompletion {
 /// [`QpAttr::default`] and [`window_for`]).
 pub const DEFAULT_WINDOW: u32 = 32;
 
+/// Packets in a row a path takes by default once picked ([`QpAttr::spray_burst`]).
+pub const DEFAULT_SPRAY_BURST: u8 = 8;
+
 /// Bytes in flight per path by default: the window is a byte budget (what a round trip holds
 /// is bytes), taken in packets of the payload in use by [`window_for`].
 pub const DEFAULT_WINDOW_BYTES: u32 = 128 << 10;
@@ -185,6 +188,11 @@ pub struct QpAttr {
     /// agree, neither (`IcrcMode::Off`: the UDP checksum and the links' frame checks guard the
     /// datagram, as they do TCP's segments; docs/PROTOCOL.md 4.1).
     pub icrc: IcrcMode,
+    /// Packets in a row a path takes once picked (`transport_core::conn::Config::spray_burst`;
+    /// 1: a path per packet). 8 by default: the engine sends each path's packets in one GSO
+    /// call anyway, and a pick per packet cost a tenth of the sender's CPU at 1024-byte
+    /// payloads (docs/BENCHMARKS.md).
+    pub spray_burst: u8,
 }
 
 impl Default for QpAttr {
@@ -210,6 +218,7 @@ impl Default for QpAttr {
             probe_interval: 1_000_000,
             ack_delay: 20_000,
             icrc: IcrcMode::Full,
+            spray_burst: DEFAULT_SPRAY_BURST,
             cc: transport_core::rate::Algorithm::EcnAimd,
         }
     }

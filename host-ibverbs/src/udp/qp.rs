@@ -110,6 +110,7 @@ impl QueuePair {
         cfg.icrc = a.icrc;
         cfg.cc = a.cc;
         cfg.icrc_engine = crc_engine::engine();
+        cfg.spray_burst = a.spray_burst;
         let qpn = self.inner.qpn;
         let pd = self.inner.pd.id;
         ctx.with(|e| {

@@ -80,6 +80,10 @@ pub struct Config {
     /// its machine, such as PCLMULQDQ block folding on x86_64).
     #[cfg_attr(feature = "defmt", defmt(Debug2Format))]
     pub icrc_engine: icrc::Engine,
+    /// Packets in a row a path takes once picked while it stays open (1, the default: every
+    /// packet picks a path). A software runner that sends a path's packets in one system call
+    /// (UDP GSO) gets longer runs from a few, and picks a path once per few packets.
+    pub spray_burst: u8,
 }
 
 /// What the ICRC field of a connection's datagrams holds, and whether arrivals are checked
@@ -146,6 +150,7 @@ impl Config {
             icrc: IcrcMode::Full,
             cc: crate::rate::Algorithm::EcnAimd,
             icrc_engine: icrc::Engine::BuiltIn,
+            spray_burst: 1,
         }
     }
 }

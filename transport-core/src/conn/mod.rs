@@ -144,6 +144,9 @@ pub struct Connection<
     rnr_streak: u8,
     paths: [TxPath; P],
     rr: usize,
+    /// The path the last pick took and how many more packets it takes without a new pick
+    /// (`Config::spray_burst`).
+    burst: (usize, u8),
     /// The path the last atomic took: atomics keep to one path while it has room, so they
     /// reach the responder in order (one that overtakes an earlier packet is refused
     /// receiver-not-ready and sent again).
@@ -273,6 +276,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             rnr_streak: 0,
             paths: core::array::from_fn(path),
             rr: 0,
+            burst: (0, 0),
             atomic_path: None,
             send_hint: 0,
             control_dirty: false,

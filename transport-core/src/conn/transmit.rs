@@ -335,9 +335,28 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if !self.connection_open() {
             return None;
         }
-        if self.rate.limits_connection() {
-            return self.pick_roomiest(avoid);
+        let (i, left) = self.burst;
+        if left > 0 {
+            if Some(PathId(i as u8)) != avoid && self.path_open(i) {
+                self.burst.1 = left - 1;
+                return Some(PathId(i as u8));
+            }
+            self.burst.1 = 0;
         }
+        let picked = if self.rate.limits_connection() {
+            self.pick_roomiest(avoid)
+        } else {
+            self.pick_next(avoid)
+        };
+        if let Some(p) = picked {
+            self.burst = (usize::from(p.0), self.cfg.spray_burst.saturating_sub(1));
+        }
+        picked
+    }
+
+    /// The next path with room in the round-robin, avoiding `avoid` if another one has room.
+    fn pick_next(&mut self, avoid: Option<PathId>) -> Option<PathId> {
+        let n = usize::from(self.cfg.paths);
         let mut fallback = None;
         for k in 0..n {
             let i = (self.rr + k) % n;

@@ -75,6 +75,7 @@ pub(super) fn open_udp(
         window_per_path: window,
         start_window_per_path: start_window,
         icrc: cfg.icrc,
+        spray_burst: cfg.spray_burst,
         cc: cfg.cc.algorithm(
             if cfg.line_rate_mbps > 0 {
                 cfg.line_rate_mbps
