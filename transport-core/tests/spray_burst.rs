@@ -58,14 +58,22 @@ fn a_picked_path_takes_a_burst_then_the_next_is_picked() {
         assert_eq!(paths.len(), 32, "{cc:?}");
         assert!(runs(&paths).iter().all(|&r| r == 4), "{cc:?} {paths:?}");
         for i in 0..4 {
-            assert_eq!(paths.iter().filter(|&&x| x == i).count(), 8, "{cc:?} {paths:?}");
+            assert_eq!(
+                paths.iter().filter(|&&x| x == i).count(),
+                8,
+                "{cc:?} {paths:?}"
+            );
         }
         // A path whose window fills ends its burst: windows of 6 hold 24 packets, none more.
         let paths = first_flight(&mut pair(4, 6, cc), 32);
         assert_eq!(paths.len(), 24, "{cc:?} {paths:?}");
         assert!(runs(&paths).iter().all(|&r| r <= 4), "{cc:?} {paths:?}");
         for i in 0..4 {
-            assert_eq!(paths.iter().filter(|&&x| x == i).count(), 6, "{cc:?} {paths:?}");
+            assert_eq!(
+                paths.iter().filter(|&&x| x == i).count(),
+                6,
+                "{cc:?} {paths:?}"
+            );
         }
     }
 }
@@ -83,9 +91,11 @@ fn bursts_deliver_every_byte() {
         p.transmit();
         p.deliver_and_tick(&mut |_, _| false);
     }
-    assert!(p.a.events.iter().any(
-        |e| matches!(e, Event::Completion(c) if c.id == 1 && c.status == Status::Success)
-    ));
+    assert!(p
+        .a
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Completion(c) if c.id == 1 && c.status == Status::Success)));
     assert_eq!(p.a.mem[..200 * 1024], p.b.mem[..200 * 1024]);
     assert_eq!(p.a.conn.counters().retransmitted, 0);
 }
