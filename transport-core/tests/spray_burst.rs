@@ -79,6 +79,23 @@ fn a_picked_path_takes_a_burst_then_the_next_is_picked() {
 }
 
 #[test]
+fn read_requests_pick_a_path_each() {
+    let mut p = pair(4, 32, Algorithm::MetaRoce);
+    for id in 0..8u64 {
+        let mut wr = write_at(id, id * 1024, 1024, KEY);
+        wr.op = transport_core::conn::WrOp::Read;
+        p.a.conn.post(Instant::ZERO, wr).unwrap();
+    }
+    let mut buf = vec![0u8; 4096];
+    let mut paths = Vec::new();
+    while let Some(tx) = p.a.conn.poll_transmit(Instant::ZERO, &mut buf) {
+        paths.push(tx.path.0);
+    }
+    assert_eq!(paths.len(), 8, "{paths:?}");
+    assert!(runs(&paths).iter().all(|&r| r == 1), "{paths:?}");
+}
+
+#[test]
 fn bursts_deliver_every_byte() {
     let mut p = pair(8, 32, Algorithm::MetaRoce);
     for (off, b) in p.a.mem.iter_mut().enumerate() {

@@ -80,9 +80,10 @@ pub struct Config {
     /// its machine, such as PCLMULQDQ block folding on x86_64).
     #[cfg_attr(feature = "defmt", defmt(Debug2Format))]
     pub icrc_engine: icrc::Engine,
-    /// Packets in a row a path takes once picked while it stays open (1, the default: every
-    /// packet picks a path). A software runner that sends a path's packets in one system call
-    /// (UDP GSO) gets longer runs from a few, and picks a path once per few packets.
+    /// New packets with payload (Write, Send, Read response) a path takes in a row once picked,
+    /// while it stays open (1, the default: every packet picks a path). Requests, atomics and
+    /// retransmissions pick a path each. A software runner, whose every pick costs CPU time
+    /// per packet, picks once per few packets.
     pub spray_burst: u8,
 }
 

@@ -320,8 +320,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     }
 
     /// The active path with room that comes next in the round-robin, avoiding `avoid` if another
-    /// one has room.
-    pub(super) fn pick_path(&mut self, avoid: Option<PathId>) -> Option<PathId> {
+    /// one has room. With `burst` (a new packet with payload), the path the last such pick took
+    /// takes it while its burst lasts (`Config::spray_burst`) and it stays open.
+    pub(super) fn pick_path(&mut self, avoid: Option<PathId>, burst: bool) -> Option<PathId> {
         let n = usize::from(self.cfg.paths);
         let last = (self.rr + n - 1) % n;
         if avoid.is_none() && self.idle_but_carried(last) {
@@ -336,7 +337,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             return None;
         }
         let (i, left) = self.burst;
-        if left > 0 {
+        if burst && left > 0 {
             if Some(PathId(i as u8)) != avoid && self.path_open(i) {
                 self.burst.1 = left - 1;
                 return Some(PathId(i as u8));
@@ -348,7 +349,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         } else {
             self.pick_next(avoid)
         };
-        if let Some(p) = picked {
+        if let (Some(p), true) = (picked, burst) {
             self.burst = (usize::from(p.0), self.cfg.spray_burst.saturating_sub(1));
         }
         picked
@@ -419,9 +420,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         &mut self,
         atomic: Option<u32>,
         avoid: Option<PathId>,
+        burst: bool,
     ) -> Option<PathId> {
         let Some(msg) = atomic else {
-            return self.pick_path(avoid);
+            return self.pick_path(avoid, burst);
         };
         if let Some(p) = self.atomic_path {
             let others = self.msgs.seqs().any(|m| {
@@ -435,7 +437,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 return (self.path_open(p.index()) && self.connection_open()).then_some(p);
             }
         }
-        let p = self.pick_path(avoid)?;
+        let p = self.pick_path(avoid, false)?;
         self.atomic_path = Some(p);
         Some(p)
     }
@@ -506,7 +508,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 .msgs
                 .get(pk.msg)
                 .is_some_and(|m| m.kind == MsgKind::Atomic);
-            let path = self.path_for(atomic.then_some(pk.msg), Some(pk.path))?;
+            let path = self.path_for(atomic.then_some(pk.msg), Some(pk.path), false)?;
             self.retx.pop();
             self.pkts[psn.get() as usize % W].queued = false;
             if self.pkts[psn.get() as usize % W].path == NO_PATH {
@@ -542,11 +544,14 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             m = m.wrapping_add(1);
         };
         self.send_hint = found;
-        let atomic = self
-            .msgs
-            .get(found)
-            .is_some_and(|m| m.kind == MsgKind::Atomic);
-        let path = self.path_for(atomic.then_some(found), None)?;
+        let kind = self.msgs.get(found).map(|m| m.kind);
+        let atomic = kind == Some(MsgKind::Atomic);
+        // Packets with payload spray in bursts; requests and atomics pick a path each.
+        let burst = matches!(
+            kind,
+            Some(MsgKind::Send | MsgKind::Write | MsgKind::ReadResponse)
+        );
+        let path = self.path_for(atomic.then_some(found), None, burst)?;
         let psn = self.nxt;
         self.nxt = self.nxt.wrapping_add(1);
         let msg = self.msgs.get_mut(found)?;
