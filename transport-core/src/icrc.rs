@@ -352,25 +352,35 @@ mod tests {
         }
     }
 
+    std::thread_local! {
+        /// Calls of [`COUNTING`] on this thread, and those of partial 16-byte blocks.
+        static COUNTS: core::cell::Cell<(usize, usize)> = const { core::cell::Cell::new((0, 0)) };
+    }
+
+    fn counting(crc: u32, bytes: &[u8]) -> u32 {
+        COUNTS.with(|c| {
+            let (calls, partial) = c.get();
+            c.set((calls + 1, partial + usize::from(bytes.len() % 16 != 0)));
+        });
+        crc32_update(crc, bytes)
+    }
+
+    /// The built-in CRC, counting its calls ([`counts`]).
+    const COUNTING: Engine = Engine::Runner {
+        name: "counting",
+        update: counting,
+    };
+
+    /// (calls, calls of partial blocks) of [`COUNTING`] on this thread so far.
+    fn counts() -> (usize, usize) {
+        COUNTS.with(|c| c.get())
+    }
+
     /// The split prefix gives the same ICRC for every transport length, short (one call of the
     /// engine) and long (two), with IPv4 options and IPv6, and hands the engine whole 16-byte
     /// blocks only, whatever the length it was split for.
     #[test]
     fn split_prefix_then_finish_is_finish_in_whole_blocks() {
-        use core::sync::atomic::{AtomicUsize, Ordering};
-        static CALLS: AtomicUsize = AtomicUsize::new(0);
-        static PARTIAL: AtomicUsize = AtomicUsize::new(0);
-        fn counting(crc: u32, bytes: &[u8]) -> u32 {
-            CALLS.fetch_add(1, Ordering::Relaxed);
-            if bytes.len() % 16 != 0 {
-                PARTIAL.fetch_add(1, Ordering::Relaxed);
-            }
-            crc32_update(crc, bytes)
-        }
-        const COUNTING: Engine = Engine::Runner {
-            name: "counting",
-            update: counting,
-        };
         let data: std::vec::Vec<u8> = (0..2000u32).map(|i| (i * 29 + 3) as u8).collect();
         let mut v4 = [0u8; 24];
         v4.copy_from_slice(&data[..24]);
@@ -386,21 +396,17 @@ mod tests {
                 let p = split_prefix(ip, udp, len);
                 assert_eq!((usize::from(p.tail_len) + len) % 16, 0, "len {len}");
                 assert_eq!(finish_split(&p, t, Engine::BuiltIn), want, "len {len}");
-                let before = CALLS.load(Ordering::Relaxed);
+                let before = counts().0;
                 assert_eq!(finish_split(&p, t, COUNTING), want, "len {len}");
-                let calls = CALLS.load(Ordering::Relaxed) - before;
+                let calls = counts().0 - before;
                 assert_eq!(calls, if len <= ONE_CALL { 1 } else { 2 }, "len {len}");
                 // Split for another length: still right, if not in whole blocks.
                 let other = split_prefix(ip, udp, len + 5);
                 assert_eq!(finish_split(&other, t, Engine::BuiltIn), want, "len {len}");
             }
         }
-        assert!(CALLS.load(Ordering::Relaxed) > 1000);
-        assert_eq!(
-            PARTIAL.load(Ordering::Relaxed),
-            0,
-            "calls of partial blocks"
-        );
+        assert!(counts().0 > 1000);
+        assert_eq!(counts().1, 0, "calls of partial blocks");
         assert_eq!(Engine::default(), Engine::BuiltIn);
         assert_ne!(COUNTING, Engine::BuiltIn);
         assert_eq!(std::format!("{COUNTING:?}"), "Engine(counting)");
@@ -413,20 +419,6 @@ mod tests {
         // Headers, a payload and no pad: two calls of whole blocks (the tail and the headers
         // with the payload's first bytes, then the rest of the payload).
         {
-            use core::sync::atomic::{AtomicUsize, Ordering};
-            static CALLS: AtomicUsize = AtomicUsize::new(0);
-            static PARTIAL: AtomicUsize = AtomicUsize::new(0);
-            fn counting(crc: u32, bytes: &[u8]) -> u32 {
-                CALLS.fetch_add(1, Ordering::Relaxed);
-                if bytes.len() % 16 != 0 {
-                    PARTIAL.fetch_add(1, Ordering::Relaxed);
-                }
-                crc32_update(crc, bytes)
-            }
-            let e = Engine::Runner {
-                name: "counting",
-                update: counting,
-            };
             let data: std::vec::Vec<u8> = (0..5000u32).map(|i| (i * 41 + 5) as u8).collect();
             for (h, pl) in [(40usize, 1024usize), (52, 1024), (36, 4096), (64, 2048)] {
                 let (ip, udp) = (&data[..20], &data[20..28]);
@@ -435,13 +427,10 @@ mod tests {
                 let mut joined = hd.to_vec();
                 joined.extend_from_slice(payload);
                 let want = finish_split(&p, &joined, Engine::BuiltIn);
-                let (c0, p0) = (
-                    CALLS.load(Ordering::Relaxed),
-                    PARTIAL.load(Ordering::Relaxed),
-                );
-                assert_eq!(finish_split_parts(&p, &[hd, payload, &[]], e), want);
-                assert_eq!(CALLS.load(Ordering::Relaxed) - c0, 2, "{h} + {pl}");
-                assert_eq!(PARTIAL.load(Ordering::Relaxed) - p0, 0, "{h} + {pl}");
+                let (c0, p0) = counts();
+                assert_eq!(finish_split_parts(&p, &[hd, payload, &[]], COUNTING), want);
+                let (c1, p1) = counts();
+                assert_eq!((c1 - c0, p1 - p0), (2, 0), "{h} + {pl}: calls, partial");
             }
         }
         let data: std::vec::Vec<u8> = (0..1200u32).map(|i| (i * 37 + 11) as u8).collect();

@@ -458,60 +458,17 @@ impl UdpSocket {
             }
             return Ok(1);
         }
-        let (mut storage, len) = to_raw(dst);
-        // SAFETY: CMSG_SPACE is a pure computation.
-        let space = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
-        assert!(space <= size_of::<[u64; 4]>());
-        // Only the first `n` entries are initialised and passed to the kernel (no memset of
-        // the whole arrays on every send).
-        let mut iovs = [const { MaybeUninit::<libc::iovec>::uninit() }; MAX];
-        let mut hdrs = [const { MaybeUninit::<libc::mmsghdr>::uninit() }; MAX];
-        let mut controls = [const { MaybeUninit::<[u64; 4]>::uninit() }; MAX];
-        for i in 0..n {
-            let r = runs[i];
-            let iov = iovs[i].write(libc::iovec {
-                // The kernel only reads through it; the cast to *mut is what the C type wants.
-                iov_base: buf[r.start..].as_ptr() as *mut libc::c_void,
-                iov_len: r.len,
-            });
-            // SAFETY: all-zero is a valid mmsghdr.
-            let h = hdrs[i].write(unsafe { zeroed() });
-            if named {
-                h.msg_hdr.msg_name = (&mut storage as *mut libc::sockaddr_storage).cast();
-                h.msg_hdr.msg_namelen = len;
-            }
-            h.msg_hdr.msg_iov = iov;
-            h.msg_hdr.msg_iovlen = 1;
-            if r.segment > 0 && r.len > r.segment {
-                let seg = u16::try_from(r.segment).map_err(io::Error::other)?;
-                let control = controls[i].write([0u64; 4]);
-                h.msg_hdr.msg_control = control.as_mut_ptr().cast();
-                h.msg_hdr.msg_controllen = space as _;
-                // SAFETY: msg_control points at this message's own zeroed control buffer, large
-                // enough for one cmsg of a u16 (asserted above).
-                unsafe {
-                    let cmsg = libc::CMSG_FIRSTHDR(&h.msg_hdr);
-                    (*cmsg).cmsg_level = SOL_UDP;
-                    (*cmsg).cmsg_type = UDP_SEGMENT;
-                    (*cmsg).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
-                    libc::CMSG_DATA(cmsg).cast::<u16>().write_unaligned(seg);
-                }
-            }
-        }
-        // SAFETY: the first `n` headers are initialised above and describe live buffers for
-        // the duration of the call; MaybeUninit<T> has T's layout.
-        let sent = unsafe {
-            libc::sendmmsg(
-                self.fd.as_raw_fd(),
-                hdrs.as_mut_ptr().cast::<libc::mmsghdr>(),
-                n as _,
-                0,
-            )
-        };
-        if sent < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(sent as usize)
+        // Each run is a message of one piece.
+        let iovs: [io::IoSlice<'_>; MAX] = std::array::from_fn(|i| match runs.get(i) {
+            Some(r) if i < n => io::IoSlice::new(&buf[r.start..r.start + r.len]),
+            _ => io::IoSlice::new(&[]),
+        });
+        let msgs: [PieceMsg; MAX] = std::array::from_fn(|i| PieceMsg {
+            first: i,
+            end: i + 1,
+            segment: runs.get(i).map_or(0, |r| r.segment),
+        });
+        self.send_many_pieces(dst, &iovs[..n], &msgs[..n])
     }
 
     /// [`UdpSocket::send_many`] for messages in pieces: message `m` is `iovs[m.first..m.end]`
