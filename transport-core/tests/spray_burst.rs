@@ -79,7 +79,7 @@ fn a_picked_path_takes_a_burst_then_the_next_is_picked() {
 }
 
 #[test]
-fn read_requests_pick_a_path_each() {
+fn read_requests_and_empty_writes_pick_a_path_each() {
     let mut p = pair(4, 32, Algorithm::MetaRoce);
     for id in 0..8u64 {
         let mut wr = write_at(id, id * 1024, 1024, KEY);
@@ -87,6 +87,19 @@ fn read_requests_pick_a_path_each() {
         p.a.conn.post(Instant::ZERO, wr).unwrap();
     }
     let mut buf = vec![0u8; 4096];
+    let mut paths = Vec::new();
+    while let Some(tx) = p.a.conn.poll_transmit(Instant::ZERO, &mut buf) {
+        paths.push(tx.path.0);
+    }
+    assert_eq!(paths.len(), 8, "{paths:?}");
+    assert!(runs(&paths).iter().all(|&r| r == 1), "{paths:?}");
+    // So do empty Writes (no payload to carry in a burst).
+    let mut p = pair(4, 32, Algorithm::MetaRoce);
+    for id in 0..8u64 {
+        p.a.conn
+            .post(Instant::ZERO, write_at(id, 0, 0, KEY))
+            .unwrap();
+    }
     let mut paths = Vec::new();
     while let Some(tx) = p.a.conn.poll_transmit(Instant::ZERO, &mut buf) {
         paths.push(tx.path.0);

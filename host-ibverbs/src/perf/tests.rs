@@ -129,7 +129,7 @@ fn windows_resolve_by_payload_and_controller() {
     );
     assert_eq!(
         [256, 512, 1024, 2048, 4096, 8192, 9000, 60000].map(udp::window_for),
-        [255, 255, 128, 64, 64, 32, 29, 16]
+        [255, 255, 128, 64, 64, 16, 16, 16]
     );
 }
 

@@ -156,8 +156,13 @@ pub const MIN_WINDOW_PACKETS: u32 = 64;
 pub fn window_for(payload: u32) -> u32 {
     let payload = payload.max(1);
     let by_bytes = DEFAULT_WINDOW_BYTES / payload;
-    let by_count = MIN_WINDOW_PACKETS.min(2 * DEFAULT_WINDOW_BYTES / payload);
-    by_bytes.max(by_count).clamp(16, 255)
+    let fits = MIN_WINDOW_PACKETS.saturating_mul(payload) <= 2 * DEFAULT_WINDOW_BYTES;
+    let packets = if fits {
+        by_bytes.max(MIN_WINDOW_PACKETS)
+    } else {
+        by_bytes
+    };
+    packets.clamp(16, 255)
 }
 
 /// A queue pair's connection parameters.

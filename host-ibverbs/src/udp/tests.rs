@@ -585,6 +585,9 @@ fn write_2mib(change: impl Fn(&mut DeviceConfig)) -> (EngineCounters, EngineCoun
     let mut got = vec![0u8; len];
     dst.read(0, &mut got).unwrap();
     assert!(got == data, "the Write arrived whole");
+    // Whole, and right the first time: a datagram with a wrong ICRC would be dropped and repaired.
+    let rx = b.ctx.snapshot()[0].counters;
+    assert_eq!(rx.drop_bad_icrc, 0, "{rx:?}");
     (a.ctx.counters(), b.ctx.counters())
 }
 
@@ -617,7 +620,8 @@ fn gso_gro_and_batched_calls_can_each_be_turned_off() {
 #[test]
 fn payloads_leave_from_their_region_or_copied_with_the_same_bytes() {
     // Defaults: every full-sized payload is read by the send call where it lies (write_2mib
-    // checks the bytes that arrived), in GSO runs and batches as before.
+    // checks the bytes that arrived, and that no datagram came with a bad ICRC), in GSO runs and
+    // batches as before.
     let (a, _) = write_2mib(|_| {});
     assert!(a.tx_in_place >= (2 << 20) / 4096, "{a:?}");
     assert!(a.tx_gso_batches > 0, "{a:?}");

@@ -544,13 +544,18 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             m = m.wrapping_add(1);
         };
         self.send_hint = found;
-        let kind = self.msgs.get(found).map(|m| m.kind);
+        let (kind, len) = self
+            .msgs
+            .get(found)
+            .map_or((None, 0), |m| (Some(m.kind), m.len));
         let atomic = kind == Some(MsgKind::Atomic);
-        // Packets with payload spray in bursts; requests and atomics pick a path each.
-        let burst = matches!(
-            kind,
-            Some(MsgKind::Send | MsgKind::Write | MsgKind::ReadResponse)
-        );
+        // Packets with payload spray in bursts; requests, atomics and empty messages pick a
+        // path each.
+        let burst = len > 0
+            && matches!(
+                kind,
+                Some(MsgKind::Send | MsgKind::Write | MsgKind::ReadResponse)
+            );
         let path = self.path_for(atomic.then_some(found), None, burst)?;
         let psn = self.nxt;
         self.nxt = self.nxt.wrapping_add(1);
@@ -705,15 +710,15 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// pieces): `head` holds the headers from [`Connection::poll_transmit`] and room for the
     /// trailer after them (`tx.len - tx.payload_len` bytes in all), `payload` the
     /// `tx.payload_len` bytes. Writes the pad and the ICRC into the trailer; the ICRC is the one
-    /// [`Connection::seal`] computes over the same bytes joined. A `head` or `payload` of the
-    /// wrong length leaves `head` untouched.
-    pub fn seal_split(&mut self, tx: &Transmit, head: &mut [u8], payload: &[u8]) {
+    /// [`Connection::seal`] computes over the same bytes joined. Returns false, and leaves `head`
+    /// untouched, for a `head` or `payload` of the wrong length.
+    pub fn seal_split(&mut self, tx: &Transmit, head: &mut [u8], payload: &[u8]) -> bool {
         let trailer_len = tx.len.saturating_sub(tx.header_len + tx.payload_len);
         if trailer_len < 4
             || payload.len() != tx.payload_len
             || head.len() != tx.header_len + trailer_len
         {
-            return;
+            return false;
         }
         let icrc_at = head.len() - 4;
         head[tx.header_len..icrc_at].fill(0);
@@ -730,5 +735,6 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             0
         };
         head[icrc_at..].copy_from_slice(&value.to_le_bytes());
+        true
     }
 }

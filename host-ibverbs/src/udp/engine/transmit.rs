@@ -215,34 +215,36 @@ impl Engine {
                     None
                 }
             };
-            let in_place = match payload {
-                Some(p) if self.in_place && tx.payload_len >= IN_PLACE_MIN => {
-                    // Headers and trailer here, the payload read from its region by the send
-                    // call: no copy of it in user space.
-                    buf.reserve(tx.header_len + trailer);
-                    buf.extend_from_slice(&scratch[..tx.header_len]);
-                    buf.resize(start + tx.header_len + trailer, 0);
-                    conn.seal_split(&tx, &mut buf[start..], p);
+            let mut in_place = None;
+            if let Some(p) = payload.filter(|_| self.in_place && tx.payload_len >= IN_PLACE_MIN) {
+                // Headers and trailer here, the payload read from its region by the send call:
+                // no copy of it in user space.
+                buf.reserve(tx.header_len + trailer);
+                buf.extend_from_slice(&scratch[..tx.header_len]);
+                buf.resize(start + tx.header_len + trailer, 0);
+                if conn.seal_split(&tx, &mut buf[start..], p) {
                     self.counters.tx_in_place += 1;
-                    Some(tx.header_len)
+                    in_place = Some(tx.header_len);
+                } else {
+                    // (Lengths a Transmit always has right; copied below if ever not.)
+                    buf.truncate(start);
                 }
-                _ => {
-                    // The datagram is built where it leaves from, the stage's buffer: headers
-                    // from the scratch buffer, the payload from the region (one copy), then pad
-                    // and ICRC in place. (`Connection::fill_and_seal` wants the datagram's room
-                    // laid out first, which here would zero the payload's bytes before copying
-                    // them: the copy appends instead.)
-                    buf.reserve(tx.len);
-                    buf.extend_from_slice(&scratch[..tx.header_len]);
-                    match payload {
-                        Some(p) => buf.extend_from_slice(p),
-                        None => buf.resize(start + tx.header_len + tx.payload_len, 0),
-                    }
-                    buf.resize(start + tx.len, 0);
-                    conn.seal(&tx, &mut buf[start..]);
-                    None
+            }
+            if in_place.is_none() {
+                // The datagram is built where it leaves from, the stage's buffer: headers from
+                // the scratch buffer, the payload from the region (one copy), then pad and ICRC
+                // in place. (`Connection::fill_and_seal` wants the datagram's room laid out
+                // first, which here would zero the payload's bytes before copying them: the copy
+                // appends instead.)
+                buf.reserve(tx.len);
+                buf.extend_from_slice(&scratch[..tx.header_len]);
+                match payload {
+                    Some(p) => buf.extend_from_slice(p),
+                    None => buf.resize(start + tx.header_len + tx.payload_len, 0),
                 }
-            };
+                buf.resize(start + tx.len, 0);
+                conn.seal(&tx, &mut buf[start..]);
+            }
             sent = true;
             let shape = Datagram {
                 start,

@@ -35,8 +35,9 @@ engine_counters! {
     tx_syscalls,
     /// Sends that carried several datagrams (UDP GSO).
     tx_gso_batches,
-    /// Datagrams whose payload the send call read where it lay in its region (no copy in user
-    /// space; `DeviceConfig::copy_send` off).
+    /// Datagrams staged with their payload left in its region, for the send call to read there
+    /// (`DeviceConfig::copy_send` off; a route that cannot segment makes the engine join such a
+    /// run before sending it datagram by datagram, and a failed send drops it, as any other).
     tx_in_place,
     /// Times GSO was turned off because the route could not segment.
     tx_gso_disabled,
