@@ -116,8 +116,19 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
     #[test]
-    fn random_operations_over_a_hostile_wire(steps in prop::collection::vec(step(), 1..300)) {
-        let mut p = Pair::new();
+    fn random_operations_over_a_hostile_wire(
+        steps in prop::collection::vec(step(), 1..300),
+        burst in 1u8..=8,
+    ) {
+        // Paths per packet, or in spray bursts (`Config::spray_burst`), on both sides.
+        let with_burst = |mut c: transport_core::conn::Config| {
+            c.spray_burst = burst;
+            c
+        };
+        let mut p = Pair::with_configs(
+            with_burst(common::config(1, 2)),
+            with_burst(common::config(2, 1)),
+        );
         p.b.conn.register(Region { key: KEY, base: GRANT_BASE, len: GRANT_LEN, access: Access::REMOTE_WRITE.union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC) }).unwrap();
         p.a.conn.register(Region { key: KEY, base: BASE, len: MEM as u64, access: Access::LOCAL_WRITE }).unwrap();
         let mut completed: HashSet<(bool, u64)> = HashSet::new();
