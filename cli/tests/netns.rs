@@ -242,7 +242,7 @@ fn real_loss_of_1_5_and_10_percent_every_byte_once() {
     let _one_at_a_time = serial();
     for per_mille in [10, 50, 100] {
         let h = Hosts::new();
-        h.loss(per_mille);
+        h.counted_loss(per_mille);
         // Sends: a message delivered twice would consume a second receive buffer and fail the
         // server's exact count; every byte is compared with the pattern.
         let p = h.run(
@@ -255,13 +255,22 @@ fn real_loss_of_1_5_and_10_percent_every_byte_once() {
         assert_eq!(r["total_bytes"].as_u64(), Some(64 * MIB));
         let s = p.server_json();
         assert_eq!(s["bytes_checked"].as_u64(), Some(64 * MIB), "{per_mille}");
-        let packets = 64 * MIB / 1024;
+        // The input hook sees GRO runs, so one match drops a run of datagrams and the count of
+        // datagrams dropped varies far more than the rate: the repairs are compared with what was
+        // dropped (in full data datagrams of 1104 bytes as the hook counts them; the few ACKs
+        // dropped add a little), and each one dropped is sent again about once.
+        let dropped = h.dropped_bytes() / 1104;
         let retx = r["retransmits"].as_u64().unwrap();
-        let expected = packets * u64::from(per_mille) / 1000;
+        let nominal = 64 * MIB / 1024 * u64::from(per_mille) / 1000;
         assert!(
-            retx >= expected / 2 && retx <= expected * 3,
-            "{per_mille}/1000 loss: {retx} retransmissions for about {expected} losses"
+            dropped * 10 >= nominal,
+            "{per_mille}/1000 loss: only {dropped} datagrams dropped of about {nominal}"
         );
+        assert!(
+            retx * 10 >= dropped * 8 && retx * 10 <= dropped * 11 + 100,
+            "{per_mille}/1000 loss: {retx} retransmissions for {dropped} datagrams dropped"
+        );
+        eprintln!("{per_mille}/1000: {dropped} datagrams dropped, {retx} retransmissions");
         // Writes too: the bytes land where they belong.
         let p = h.run(
             "write-bw",
