@@ -221,6 +221,9 @@ const ONE_CALL: usize = 240;
 /// of whole blocks for a short one (the ICRC of a ping, an ACK or a small message), in two for a
 /// long one (the blocks holding the BTH, then the rest).
 pub fn finish_split(p: &SplitPrefix, transport: &[u8], engine: Engine) -> u32 {
+    // (The same as `finish_split_parts` over one piece, written out: through the general form,
+    // the receive side's ICRC of a whole datagram took 2-13% longer, `cargo bench -p
+    // host-ibverbs --bench icrc_engine`, warm.)
     let t = usize::from(p.tail_len).min(16);
     let mut head = [0u8; 16 + ONE_CALL];
     head[..t].copy_from_slice(&p.tail[..t]);
