@@ -12,7 +12,9 @@
 //! SIZE bytes (SIZE + 58: BTH, MetaRoCE headers, immediate, pad, ICRC), ECT(0) and DF on every
 //! datagram, 8 MiB socket buffers, UDP GRO on the receiving socket, arrivals read with `recvmsg`
 //! and their ECN bits (`IP_RECVTOS`), answers sent from eight connected sockets in turn (the
-//! paths). It separates what those features cost from what the engine costs.
+//! paths). It separates what those features cost from what the engine costs. `--without LIST`
+//! (both ends; comma-separated: ect, df, buffers, recvtos, gro, timestamp, paths) leaves the named
+//! features out, to tell what each one costs (`paths`: every answer from the first path socket).
 //!
 //! `--samples FILE` (client) also writes every half round trip, in microseconds, one per line in
 //! the order measured, for analyses that pool the samples of several runs
@@ -53,21 +55,42 @@ fn set(s: &UdpSocket, level: i32, name: i32, value: i32) {
     );
 }
 
-/// The UDP transport's socket options (IPv4).
+/// Whether `--without` names socket feature `f` (what each one costs, alone).
+fn without(f: &str) -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == "--without")
+        .and_then(|i| args.get(i + 1))
+        .is_some_and(|list| list.split(',').any(|x| x == f))
+}
+
+/// The UDP transport's socket options (IPv4), less those `--without` names.
 fn like_transport(s: &UdpSocket, receives: bool) {
-    set(s, libc::IPPROTO_IP, libc::IP_TOS, 0b10); // ECT(0)
-    set(
-        s,
-        libc::IPPROTO_IP,
-        libc::IP_MTU_DISCOVER,
-        libc::IP_PMTUDISC_DO,
-    );
-    set_buffers(s);
+    if !without("ect") {
+        set(s, libc::IPPROTO_IP, libc::IP_TOS, 0b10); // ECT(0)
+    }
+    if !without("df") {
+        set(
+            s,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+        );
+    }
+    if !without("buffers") {
+        set_buffers(s);
+    }
     if receives {
-        set(s, libc::IPPROTO_IP, libc::IP_RECVTOS, 1);
-        set(s, libc::SOL_UDP, libc::UDP_GRO, 1);
-        // The kernel's arrival time on every datagram (SO_TIMESTAMPNS, the 64-bit layout).
-        set(s, libc::SOL_SOCKET, 35, 1);
+        if !without("recvtos") {
+            set(s, libc::IPPROTO_IP, libc::IP_RECVTOS, 1);
+        }
+        if !without("gro") {
+            set(s, libc::SOL_UDP, libc::UDP_GRO, 1);
+        }
+        if !without("timestamp") {
+            // The kernel's arrival time on every datagram (SO_TIMESTAMPNS, the 64-bit layout).
+            set(s, libc::SOL_SOCKET, 35, 1);
+        }
     }
 }
 
@@ -191,7 +214,9 @@ fn main() {
                     }
                 }
                 paths[turn % PATHS].send(&buf[..n]).expect("send");
-                turn += 1;
+                if !without("paths") {
+                    turn += 1;
+                }
             }
         }
         Some("client") => {

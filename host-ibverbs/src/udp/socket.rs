@@ -8,6 +8,15 @@ use std::mem::{size_of, zeroed, MaybeUninit};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
+#[cfg(test)]
+thread_local! {
+    /// Tests: sends that ask the kernel to segment fail with EIO on this thread, as on a route
+    /// that cannot segment (an IPsec policy, a device without checksum offload), where the
+    /// kernel refuses UDP GSO. The messages before the first such one still go, as `sendmmsg`
+    /// returns how many it sent before an error.
+    pub(crate) static REFUSE_GSO: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 // Linux ABI values, the same on every architecture; not all are exported by the `libc` crate.
 const IP_RECVTOS: libc::c_int = 13;
 const IPV6_RECVTCLASS: libc::c_int = 66;
@@ -532,6 +541,20 @@ impl UdpSocket {
                 }
             }
         }
+        #[cfg(test)]
+        let n = if REFUSE_GSO.get() {
+            let segmenting = |m: &PieceMsg| {
+                let bytes: usize = iovs[m.first..m.end].iter().map(|p| p.len()).sum();
+                m.segment > 0 && bytes > m.segment
+            };
+            match msgs[..n].iter().position(segmenting) {
+                Some(0) => return Err(io::Error::from_raw_os_error(libc::EIO)),
+                Some(k) => k,
+                None => n,
+            }
+        } else {
+            n
+        };
         // SAFETY: the first `n` headers are initialised above; each points at pieces of `iovs`
         // (checked in range above), live slices for the duration of the call, and at its own
         // control buffer; MaybeUninit<T> has T's layout.

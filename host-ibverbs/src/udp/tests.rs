@@ -641,6 +641,32 @@ fn payloads_leave_from_their_region_or_copied_with_the_same_bytes() {
     assert_eq!(a.tx_in_place, 0, "{a:?}");
 }
 
+/// A route that cannot segment (the kernel refuses UDP GSO with EIO): the first refused run is
+/// sent again datagram by datagram, GSO stays off for the device from then on, and every byte
+/// arrives with a right ICRC (`write_2mib` checks both), whether the payloads left from their
+/// regions (the run's pieces joined for the fallback) or were copied next to their headers.
+#[test]
+fn a_route_that_cannot_segment_gets_the_same_bytes_datagram_by_datagram() {
+    for copy_send in [false, true] {
+        let (plain, _) = write_2mib(|c| c.copy_send = copy_send);
+        super::socket::REFUSE_GSO.set(true);
+        let (a, _) = write_2mib(|c| c.copy_send = copy_send);
+        super::socket::REFUSE_GSO.set(false);
+        assert_eq!(a.tx_gso_disabled, 1, "copy_send {copy_send}: {a:?}");
+        assert_eq!(a.tx_gso_batches, 0, "copy_send {copy_send}: {a:?}");
+        assert_eq!(a.tx_errors, 0, "copy_send {copy_send}: {a:?}");
+        assert!(
+            plain.tx_gso_batches > 0 && plain.tx_gso_disabled == 0,
+            "{plain:?}"
+        );
+        if copy_send {
+            assert_eq!(a.tx_in_place, 0, "{a:?}");
+        } else {
+            assert!(a.tx_in_place >= (2 << 20) / 4096, "{a:?}");
+        }
+    }
+}
+
 /// CPU time of the calling thread.
 fn thread_cpu() -> Duration {
     let mut ts = libc::timespec {

@@ -447,9 +447,12 @@ impl Engine {
                             Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT)
                         ) =>
                 {
-                    // The route cannot segment: datagrams one by one from now on.
-                    self.gso = false;
-                    self.counters.tx_gso_disabled += 1;
+                    // The route cannot segment: datagrams one by one from now on (the runs
+                    // staged before this one was refused are refused too, and sent the same way).
+                    if self.gso {
+                        self.gso = false;
+                        self.counters.tx_gso_disabled += 1;
+                    }
                     let r = runs[0];
                     runs = &runs[1..];
                     let joined: Vec<u8> = if s.in_place {
