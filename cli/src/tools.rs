@@ -86,6 +86,11 @@ pub struct PerfArgs {
     /// Work requests in flight per connection (bandwidth tests).
     #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
     pub tx_depth: u32,
+    /// Read and atomic requests outstanding per connection at most (the initiator depth); on
+    /// verbs no more than the device allows.
+    #[arg(short = 'o', long = "outs", default_value_t = host_ibverbs::udp::DEFAULT_MAX_RD_ATOMIC,
+          value_parser = clap::value_parser!(u8).range(1..))]
+    pub outs: u8,
     /// Payload bytes per packet (default: the largest RoCE MTU, 256 to 4096, that fits the
     /// interface without IP fragmentation).
     #[arg(short = 'm', long = "mtu")]
@@ -274,6 +279,7 @@ fn config(test: Test, a: &PerfArgs) -> Result<PerfConfig, String> {
     c.gso = !a.no_gso;
     c.copy_send = a.copy_send;
     c.spray_burst = a.spray_burst;
+    c.outs = a.outs;
     c.gro = !a.no_gro;
     c.batch = !a.no_batch;
     c.threads = a.threads;

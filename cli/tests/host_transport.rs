@@ -493,6 +493,40 @@ fn atomic_tests_over_processes() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("-A applies to atomic"));
 }
 
+/// perftest's -o: Reads and atomics with one and two outstanding at most (the initiator depth)
+/// move every byte and every atomic's value right, and the responder never had to refuse one
+/// for want of room (no receiver-not-ready retries); 0 is refused.
+#[test]
+fn outstanding_reads_and_atomics_are_capped_by_outs() {
+    for (test, extra, outs) in [
+        ("read-bw", &["-s", "65536", "-n", "256"][..], "1"),
+        ("read-bw", &["-s", "65536", "-n", "256"][..], "2"),
+        ("atomic-bw", &["-n", "500"][..], "1"),
+        ("atomic-bw", &["-n", "500", "-A", "CMP_AND_SWAP"][..], "2"),
+    ] {
+        let mut args = vec!["--json", "--data-port", "0", "-o", outs];
+        args.extend_from_slice(extra);
+        let p = pair(
+            test,
+            &[],
+            &["--data-port", "0"],
+            &[],
+            &args,
+            "127.0.0.1",
+            &[],
+        );
+        assert_success(&p);
+        let r = &p.client_json()[0];
+        assert_eq!(r["verified"], true, "{test} -o {outs}: {r}");
+        assert_eq!(r["rnr_retries"], 0, "{test} -o {outs}: {r}");
+    }
+    let out = std::process::Command::new(bin())
+        .args(["read-bw", "127.0.0.1", "-o", "0", "-p", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+}
+
 /// perftest's -H and -U: every sample, sorted (and first in the order measured with -U),
 /// before the summary line; with --json a `samples_us` array in the order measured, whose
 /// extremes and median are the summary's.

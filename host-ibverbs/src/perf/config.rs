@@ -215,6 +215,10 @@ pub struct PerfConfig {
     pub icrc: udp::IcrcMode,
     /// Work requests in flight per connection (bandwidth tests).
     pub tx_depth: u32,
+    /// Read and atomic requests outstanding per connection at most (perftest's `-o`): the UDP
+    /// transport's initiator depth (`udp::QpAttr::max_rd_atomic`); on verbs, `max_rd_atomic`
+    /// and `max_dest_rd_atomic`, no more than the device allows.
+    pub outs: u8,
     /// All sizes from 2 bytes to 8 MiB.
     pub all_sizes: bool,
     /// UDP transport: SO_BUSY_POLL on the sockets, no sleeping in the engine's waits, and
@@ -303,6 +307,7 @@ impl PerfConfig {
             line_rate_mbps: 0,
             share_table: None,
             tx_depth: 128,
+            outs: udp::DEFAULT_MAX_RD_ATOMIC,
             all_sizes: false,
             busy_poll: false,
             use_event: false,

@@ -198,7 +198,14 @@ pub struct QpAttr {
     /// call anyway, and a pick per packet cost a tenth of the sender's CPU at 1024-byte
     /// payloads (docs/BENCHMARKS.md).
     pub spray_burst: u8,
+    /// Read and atomic requests outstanding at most (the initiator depth, verbs'
+    /// `max_rd_atomic`; `transport_core::conn::Config::max_rd_atomic`): one more waits for a
+    /// response, and holds its stream's later messages. 16 by default, as RDMA NICs allow.
+    pub max_rd_atomic: u8,
 }
+
+/// Read and atomic requests a queue pair has outstanding by default ([`QpAttr::max_rd_atomic`]).
+pub const DEFAULT_MAX_RD_ATOMIC: u8 = 16;
 
 impl Default for QpAttr {
     /// 8 paths, 4096-byte packets, 32 packets (128 KiB; the tools' default grows to 64,
@@ -224,6 +231,7 @@ impl Default for QpAttr {
             ack_delay: 20_000,
             icrc: IcrcMode::Full,
             spray_burst: DEFAULT_SPRAY_BURST,
+            max_rd_atomic: DEFAULT_MAX_RD_ATOMIC,
             cc: transport_core::rate::Algorithm::EcnAimd,
         }
     }

@@ -111,6 +111,7 @@ impl QueuePair {
         cfg.cc = a.cc;
         cfg.icrc_engine = crc_engine::engine();
         cfg.spray_burst = a.spray_burst;
+        cfg.max_rd_atomic = a.max_rd_atomic;
         let qpn = self.inner.qpn;
         let pd = self.inner.pd.id;
         ctx.with(|e| {

@@ -85,6 +85,11 @@ pub struct Config {
     /// retransmissions pick a path each. A software runner, whose every pick costs CPU time
     /// per packet, picks once per few packets.
     pub spray_burst: u8,
+    /// Read and atomic requests this end has outstanding at most (the initiator depth, verbs'
+    /// `max_rd_atomic`; 0 counts as 1): one more waits until a response completes an earlier
+    /// one, and holds the messages posted after it on its stream (a send queue issues in
+    /// order); other streams go on.
+    pub max_rd_atomic: u8,
 }
 
 /// What the ICRC field of a connection's datagrams holds, and whether arrivals are checked
@@ -152,6 +157,7 @@ impl Config {
             cc: crate::rate::Algorithm::EcnAimd,
             icrc_engine: icrc::Engine::BuiltIn,
             spray_burst: 1,
+            max_rd_atomic: 16,
         }
     }
 }

@@ -526,24 +526,50 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if psn_diff(self.nxt, self.una) as usize >= W {
             return None;
         }
-        // The oldest message with packets left to send, from the hint on.
+        // The oldest message with packets left to send, from the hint on, but a Read or atomic
+        // request beyond the initiator depth waits, and its stream's later messages with it.
         let mut m = if self.msgs.contains(self.send_hint) || self.send_hint == self.msgs.tail() {
             self.send_hint
         } else {
             self.msgs.head()
         };
+        let mut held: u64 = 0;
+        let mut first = None;
+        let mut requests_out = None;
         let found = loop {
             if m == self.msgs.tail() {
+                if let Some(f) = first {
+                    self.send_hint = f;
+                }
                 return None;
             }
             if let Some(msg) = self.msgs.get(m) {
                 if !msg.done && msg.next_pkt < msg.npkts {
-                    break m;
+                    first.get_or_insert(m);
+                    let (kind, unsent, bit) =
+                        (msg.kind, msg.next_pkt == 0, 1u64 << (msg.stream % 64));
+                    let response = matches!(kind, MsgKind::ReadResponse | MsgKind::AtomicResponse);
+                    if response {
+                        break m;
+                    }
+                    if held & bit == 0 {
+                        let request = matches!(kind, MsgKind::Read | MsgKind::Atomic);
+                        let depth = usize::from(self.cfg.max_rd_atomic.max(1));
+                        if request
+                            && unsent
+                            && *requests_out.get_or_insert_with(|| self.requests_out()) >= depth
+                        {
+                            held |= bit;
+                        } else {
+                            break m;
+                        }
+                    }
                 }
             }
             m = m.wrapping_add(1);
         };
-        self.send_hint = found;
+        // The next search starts at the oldest message left, a held request included.
+        self.send_hint = first.unwrap_or(found);
         let (kind, len) = self
             .msgs
             .get(found)
@@ -572,6 +598,24 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         };
         self.counters.data_sent += 1;
         self.send_packet(now, buf, psn, path, false)
+    }
+
+    /// Read and atomic requests sent and not yet answered (the responses outstanding).
+    fn requests_out(&self) -> usize {
+        let mut n = 0;
+        let mut m = self.msgs.head();
+        while m != self.msgs.tail() {
+            if let Some(msg) = self.msgs.get(m) {
+                if matches!(msg.kind, MsgKind::Read | MsgKind::Atomic)
+                    && msg.next_pkt > 0
+                    && !msg.done
+                {
+                    n += 1;
+                }
+            }
+            m = m.wrapping_add(1);
+        }
+        n
     }
 
     pub(super) fn send_packet(

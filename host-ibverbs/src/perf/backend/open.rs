@@ -76,6 +76,7 @@ pub(super) fn open_udp(
         start_window_per_path: start_window,
         icrc: cfg.icrc,
         spray_burst: cfg.spray_burst,
+        max_rd_atomic: cfg.outs,
         cc: cfg.cc.algorithm(
             if cfg.line_rate_mbps > 0 {
                 cfg.line_rate_mbps
@@ -238,7 +239,11 @@ pub(super) fn open_verbs(cfg: &PerfConfig) -> Result<Endpoint, PerfError> {
     if !cfg.test.is_atomic() {
         access = access.without(crate::udp::Access::REMOTE_ATOMIC);
     }
-    let rd_atomic = da.max_qp_rd_atom.min(da.max_qp_init_rd_atom).clamp(1, 16) as u8;
+    let rd_atomic = da
+        .max_qp_rd_atom
+        .min(da.max_qp_init_rd_atom)
+        .min(i32::from(cfg.outs))
+        .clamp(1, 16) as u8;
     let pd = ctx.alloc_pd()?;
     let cq = if cfg.use_event {
         ctx.create_cq_with_events(cq_depth as i32)?
