@@ -494,8 +494,9 @@ fn atomic_tests_over_processes() {
 }
 
 /// perftest's -o: Reads and atomics with one and two outstanding at most (the initiator depth)
-/// move every byte and every atomic's value right, and the responder never had to refuse one
-/// for want of room (no receiver-not-ready retries); 0 is refused.
+/// move every byte and every atomic's value right, requests waited for the depth (the tools
+/// keep 16 and more in flight), and the responder never had to refuse one for want of room (no
+/// receiver-not-ready retries); 0 is refused.
 #[test]
 fn outstanding_reads_and_atomics_are_capped_by_outs() {
     for (test, extra, outs) in [
@@ -519,12 +520,17 @@ fn outstanding_reads_and_atomics_are_capped_by_outs() {
         let r = &p.client_json()[0];
         assert_eq!(r["verified"], true, "{test} -o {outs}: {r}");
         assert_eq!(r["rnr_retries"], 0, "{test} -o {outs}: {r}");
+        assert!(
+            r["requests_waited"].as_u64().is_some_and(|w| w > 0),
+            "{test} -o {outs}: {r}"
+        );
     }
     let out = std::process::Command::new(bin())
         .args(["read-bw", "127.0.0.1", "-o", "0", "-p", "1"])
         .output()
         .unwrap();
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--outs"));
 }
 
 /// perftest's -H and -U: every sample, sorted (and first in the order measured with -U),

@@ -119,10 +119,14 @@ proptest! {
     fn random_operations_over_a_hostile_wire(
         steps in prop::collection::vec(step(), 1..300),
         burst in 1u8..=8,
+        depth in 1u8..=4,
     ) {
-        // Paths per packet, or in spray bursts (`Config::spray_burst`), on both sides.
+        // Paths per packet, or in spray bursts (`Config::spray_burst`), on both sides; one to
+        // four Reads and atomics outstanding (`Config::max_rd_atomic`; the count the connection
+        // keeps is checked against its ring in every transmission, debug builds).
         let with_burst = |mut c: transport_core::conn::Config| {
             c.spray_burst = burst;
+            c.max_rd_atomic = depth;
             c
         };
         let mut p = Pair::with_configs(

@@ -205,9 +205,95 @@ fn a_held_request_holds_its_stream_only() {
     // Stream 1's Write has landed; stream 0's has not.
     assert_eq!(p.b.mem[0x3000..0x3100], p.a.mem[0x3000..0x3100]);
     assert_ne!(p.b.mem[0x2000..0x2100], p.a.mem[0x2000..0x2100]);
-    let (_, sent) = run(&mut p, 1);
-    assert_eq!(sent, 1, "the second Read");
+    // The second Read goes once the first is answered, and stream 0's Write after it.
+    let mut order = Vec::new();
+    for _ in 0..200 {
+        p.transmit();
+        order.extend(sent_by_a(&p).into_iter().filter(|o| *o != Opcode::MrAck));
+        p.deliver_and_tick(&mut |_, _| false);
+    }
+    assert_eq!(
+        order,
+        vec![Opcode::MrReadRequest, Opcode::MrWrite],
+        "{order:?}"
+    );
+    assert_eq!(p.a.conn.counters().requests_waited, 1);
     let ids: Vec<u64> = completed(&p).iter().map(|c| c.0).collect();
     assert_eq!(ids.len(), 4, "{ids:?}");
     assert_eq!(p.b.mem[0x2000..0x2100], p.a.mem[0x2000..0x2100]);
+}
+
+/// While an end's own requests wait for its depth, the responses it owes the peer still go.
+#[test]
+fn responses_go_while_own_requests_wait() {
+    let mut p = pair(1);
+    // B reads from A too: A grants it, B lets the data land.
+    let len = p.a.mem.len() as u64;
+    p.a.conn
+        .register(Region {
+            key: KEY + 1,
+            base: BASE,
+            len,
+            access: Access::REMOTE_READ,
+        })
+        .unwrap();
+    p.b.conn
+        .register(Region {
+            key: KEY + 1,
+            base: BASE,
+            len,
+            access: Access::LOCAL_WRITE,
+        })
+        .unwrap();
+    for i in 0..4u64 {
+        p.a.conn
+            .post(p.now, wr(i, WrOp::Read, 0, i * 0x400, 0x400))
+            .unwrap();
+        let mut r = wr(10 + i, WrOp::Read, 0, 0x4000 + i * 0x400, 0x400);
+        r.remote.rkey = KEY + 1;
+        p.b.conn.post(p.now, r).unwrap();
+    }
+    let (mut a_requests, mut a_responses) = (0, 0);
+    for _ in 0..2_000 {
+        p.transmit();
+        for o in sent_by_a(&p) {
+            match o {
+                Opcode::MrReadRequest => a_requests += 1,
+                Opcode::MrReadResponse => a_responses += 1,
+                _ => {}
+            }
+        }
+        p.deliver_and_tick(&mut |_, _| false);
+    }
+    assert_eq!(a_requests, 4);
+    // One response packet per 1 KiB Read of B's: all four answered.
+    assert_eq!(a_responses, 4);
+    assert_eq!(completed(&p).len(), 4);
+    let b_done =
+        p.b.events
+            .iter()
+            .filter(|e| matches!(e, Event::Completion(c) if c.status == Status::Success))
+            .count();
+    assert_eq!(b_done, 4);
+    assert_eq!(p.a.mem[..0x1000], p.b.mem[..0x1000]);
+    assert_eq!(p.a.mem[0x4000..0x5000], p.b.mem[0x4000..0x5000]);
+}
+
+/// A refused request frees its place: the next one goes and completes.
+#[test]
+fn a_refused_read_frees_its_place() {
+    let mut p = pair(1);
+    let mut bad = wr(1, WrOp::Read, 0, 0, 256);
+    bad.remote.rkey = KEY + 7;
+    p.a.conn.post(p.now, bad).unwrap();
+    p.a.conn
+        .post(p.now, wr(2, WrOp::Read, 1, 0x800, 256))
+        .unwrap();
+    let (_, sent) = run(&mut p, 1);
+    assert_eq!(sent, 2);
+    let done = completed(&p);
+    assert_eq!(done.len(), 2, "{done:?}");
+    assert!(matches!(done[0].2, Status::Refused(_)), "{done:?}");
+    assert_eq!((done[1].0, done[1].2), (2, Status::Success));
+    assert_eq!(p.a.conn.counters().requests_waited, 1);
 }

@@ -154,8 +154,12 @@ struct VerbsEp {
     /// The traffic class and service level of the connections.
     tclass: u8,
     sl: u8,
-    /// Reads and atomics in flight per connection, each way (the device's limits, at most 16).
+    /// Reads and atomics this end has in flight per connection (the device's limit, at most 16,
+    /// and `-o`).
     rd_atomic: u8,
+    /// Reads and atomics this end takes from the peer per connection (the device's limit, at
+    /// most 16; not `-o`, which is the requester's choice).
+    dest_rd_atomic: u8,
     /// Access of regions and queue pairs: remote atomics only where the device has them.
     access: crate::udp::Access,
     psns: Vec<u32>,
@@ -579,7 +583,7 @@ impl Endpoint {
                             port: v.port,
                             traffic_class: v.tclass,
                             sl: v.sl,
-                            max_dest_rd_atomic: v.rd_atomic,
+                            max_dest_rd_atomic: v.dest_rd_atomic,
                         },
                         &crate::verbs::RtsAttr {
                             sq_psn: *my_psn,

@@ -35,6 +35,7 @@ impl Report {
                 "lost_by_sack": r.lost_by_sack,
                 "lost_by_timeout": r.lost_by_timeout,
                 "peer_silent_waits": r.peer_silent_waits,
+                "requests_waited": r.requests_waited,
                 "connections": r.connections.iter().map(|c| json!({
                     "rate_mbps": c.rate_mbps,
                     "connection_window": c.connection_window,

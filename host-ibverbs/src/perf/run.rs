@@ -62,6 +62,9 @@ pub struct BwResult {
     /// Tail probes sent again while the whole peer was silent, instead of declaring a window
     /// lost (the peer's host stalled), all connections.
     pub peer_silent_waits: u64,
+    /// Read and atomic requests that waited for the initiator depth (`-o`), all connections
+    /// (UDP transport).
+    pub requests_waited: u64,
     /// Each connection's rate controller at the end of the phase (UDP transport; none for
     /// verbs, whose NIC runs its own).
     pub connections: Vec<ConnRate>,
@@ -111,6 +114,7 @@ impl BwResult {
             lost_by_sack: parts.iter().map(|p| p.lost_by_sack).sum(),
             lost_by_timeout: parts.iter().map(|p| p.lost_by_timeout).sum(),
             peer_silent_waits: parts.iter().map(|p| p.peer_silent_waits).sum(),
+            requests_waited: parts.iter().map(|p| p.requests_waited).sum(),
             connections: parts.iter().flat_map(|p| p.connections.clone()).collect(),
         }
     }
@@ -531,6 +535,7 @@ pub(super) fn client_phase(
         r.lost_by_sack = added(|c| c.lost_by_sack);
         r.lost_by_timeout = added(|c| c.lost_by_timeout);
         r.peer_silent_waits = added(|c| c.peer_silent_waits);
+        r.requests_waited = added(|c| c.requests_waited);
         let counts_s = counts
             .iter()
             .map(u64::to_string)

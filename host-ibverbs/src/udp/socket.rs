@@ -15,6 +15,8 @@ thread_local! {
     /// kernel refuses UDP GSO. The messages before the first such one still go, as `sendmmsg`
     /// returns how many it sent before an error.
     pub(crate) static REFUSE_GSO: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Tests: the calls `REFUSE_GSO` refused on this thread.
+    pub(crate) static GSO_REFUSED: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
 // Linux ABI values, the same on every architecture; not all are exported by the `libc` crate.
@@ -548,7 +550,10 @@ impl UdpSocket {
                 m.segment > 0 && bytes > m.segment
             };
             match msgs[..n].iter().position(segmenting) {
-                Some(0) => return Err(io::Error::from_raw_os_error(libc::EIO)),
+                Some(0) => {
+                    GSO_REFUSED.set(GSO_REFUSED.get() + 1);
+                    return Err(io::Error::from_raw_os_error(libc::EIO));
+                }
                 Some(k) => k,
                 None => n,
             }

@@ -153,6 +153,8 @@ pub struct Connection<
     atomic_path: Option<PathId>,
     /// Messages before this one have no packets left to send for the first time.
     send_hint: u32,
+    /// Read and atomic requests sent and not yet answered (against `Config::max_rd_atomic`).
+    requests_out: u16,
     /// Something may be waiting in the control queues (ACK, probe reply, probe, NACK).
     control_dirty: bool,
     /// DCQCN's notification point: when the last CNP left.
@@ -279,6 +281,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             burst: (0, 0),
             atomic_path: None,
             send_hint: 0,
+            requests_out: 0,
             control_dirty: false,
             cnp_gate: crate::rate::CnpGate::default(),
             cnp_due: None,
@@ -451,6 +454,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             done: false,
             status: Status::Success,
             reported: false,
+            held: false,
         });
         Ok(())
     }

@@ -324,6 +324,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
         if let Some(m) = self.msgs.get_mut(self.pkts[idx].msg) {
             if !m.done {
+                if matches!(m.kind, MsgKind::Read | MsgKind::Atomic) && m.next_pkt > 0 {
+                    self.requests_out = self.requests_out.saturating_sub(1);
+                }
                 m.done = true;
                 m.status = Status::Refused(nack.reason);
                 m.next_pkt = m.npkts;

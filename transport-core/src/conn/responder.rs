@@ -362,6 +362,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     && msg.msn == data.msn
                     && !msg.done
                 {
+                    if msg.next_pkt > 0 {
+                        self.requests_out = self.requests_out.saturating_sub(1);
+                    }
                     msg.done = true;
                     let addr = msg.local_addr;
                     self.complete_in_order();
@@ -391,6 +394,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     msg.resp_bytes += payload_len as u32;
                     let addr = msg.local_addr + u64::from(data.msg_offset);
                     if msg.resp_bytes >= msg.len {
+                        if msg.next_pkt > 0 {
+                            self.requests_out = self.requests_out.saturating_sub(1);
+                        }
                         msg.done = true;
                         self.complete_in_order();
                     }

@@ -32,6 +32,8 @@ pub(super) struct TxMsg {
     pub(super) done: bool,
     pub(super) status: Status,
     pub(super) reported: bool,
+    /// A Read or atomic request that waited for the initiator depth (counted once).
+    pub(super) held: bool,
 }
 
 /// The operands an atomic message carries.
@@ -84,6 +86,7 @@ impl TxMsg {
             done: false,
             status: Status::Success,
             reported: false,
+            held: false,
         }
     }
 }

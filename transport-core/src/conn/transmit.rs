@@ -533,9 +533,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         } else {
             self.msgs.head()
         };
-        let mut held: u64 = 0;
+        let mut held = [false; S];
         let mut first = None;
-        let mut requests_out = None;
+        let depth = u16::from(self.cfg.max_rd_atomic.max(1));
+        debug_assert_eq!(usize::from(self.requests_out), self.count_requests_out());
         let found = loop {
             if m == self.msgs.tail() {
                 if let Some(f) = first {
@@ -546,23 +547,23 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             if let Some(msg) = self.msgs.get(m) {
                 if !msg.done && msg.next_pkt < msg.npkts {
                     first.get_or_insert(m);
-                    let (kind, unsent, bit) =
-                        (msg.kind, msg.next_pkt == 0, 1u64 << (msg.stream % 64));
-                    let response = matches!(kind, MsgKind::ReadResponse | MsgKind::AtomicResponse);
-                    if response {
-                        break m;
-                    }
-                    if held & bit == 0 {
-                        let request = matches!(kind, MsgKind::Read | MsgKind::Atomic);
-                        let depth = usize::from(self.cfg.max_rd_atomic.max(1));
-                        if request
-                            && unsent
-                            && *requests_out.get_or_insert_with(|| self.requests_out()) >= depth
+                    let stream = usize::from(msg.stream) % S;
+                    match msg.kind {
+                        // Responses answer the peer's requests: never held.
+                        MsgKind::ReadResponse | MsgKind::AtomicResponse => break m,
+                        _ if held[stream] => {}
+                        MsgKind::Read | MsgKind::Atomic
+                            if msg.next_pkt == 0 && self.requests_out >= depth =>
                         {
-                            held |= bit;
-                        } else {
-                            break m;
+                            held[stream] = true;
+                            if let Some(x) = self.msgs.get_mut(m) {
+                                if !x.held {
+                                    x.held = true;
+                                    self.counters.requests_waited += 1;
+                                }
+                            }
                         }
+                        _ => break m,
                     }
                 }
             }
@@ -587,6 +588,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         self.nxt = self.nxt.wrapping_add(1);
         let msg = self.msgs.get_mut(found)?;
         let idx = msg.next_pkt;
+        if idx == 0 && matches!(msg.kind, MsgKind::Read | MsgKind::Atomic) {
+            self.requests_out += 1;
+        }
         msg.next_pkt += 1;
         msg.last_psn = Some(psn);
         self.pkts[psn.get() as usize % W] = TxPkt {
@@ -600,8 +604,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         self.send_packet(now, buf, psn, path, false)
     }
 
-    /// Read and atomic requests sent and not yet answered (the responses outstanding).
-    fn requests_out(&self) -> usize {
+    /// Read and atomic requests sent and not yet answered, counted over the ring (what
+    /// `requests_out` keeps; checked against it in debug builds).
+    fn count_requests_out(&self) -> usize {
         let mut n = 0;
         let mut m = self.msgs.head();
         while m != self.msgs.tail() {

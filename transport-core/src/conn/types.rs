@@ -274,6 +274,9 @@ pub struct Counters {
     /// receive buffer, a full queue, or an atomic that overtook earlier packets); not losses.
     /// Included in `retransmitted`.
     pub rnr_retries: u64,
+    /// Read and atomic requests that waited before their first transmission because as many
+    /// as `Config::max_rd_atomic` were outstanding (each counted once).
+    pub requests_waited: u64,
     /// Data packets acknowledged.
     pub acked: u64,
     /// Data packets acknowledged selectively (above a gap).

@@ -239,11 +239,8 @@ pub(super) fn open_verbs(cfg: &PerfConfig) -> Result<Endpoint, PerfError> {
     if !cfg.test.is_atomic() {
         access = access.without(crate::udp::Access::REMOTE_ATOMIC);
     }
-    let rd_atomic = da
-        .max_qp_rd_atom
-        .min(da.max_qp_init_rd_atom)
-        .min(i32::from(cfg.outs))
-        .clamp(1, 16) as u8;
+    let dest_rd_atomic = da.max_qp_rd_atom.clamp(1, 16) as u8;
+    let rd_atomic = da.max_qp_init_rd_atom.min(i32::from(cfg.outs)).clamp(1, 16) as u8;
     let pd = ctx.alloc_pd()?;
     let cq = if cfg.use_event {
         ctx.create_cq_with_events(cq_depth as i32)?
@@ -271,6 +268,7 @@ pub(super) fn open_verbs(cfg: &PerfConfig) -> Result<Endpoint, PerfError> {
             tclass: cfg.tclass,
             sl: cfg.sl,
             rd_atomic,
+            dest_rd_atomic,
             access,
             psns,
             wcs: std::cell::RefCell::new(Vec::with_capacity(16)),

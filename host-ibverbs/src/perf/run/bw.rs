@@ -155,6 +155,7 @@ pub(super) fn client_bw(
             lost_by_sack: 0,
             lost_by_timeout: 0,
             peer_silent_waits: 0,
+            requests_waited: 0,
         },
         done,
     ))

@@ -394,10 +394,48 @@ impl Engine {
             Vec::new()
         };
         let mut runs: &[Run] = &s.msgs;
+        // A run the route cannot segment goes datagram by datagram, its pieces joined.
+        let apart = |r: Run, counters: &mut EngineCounters| {
+            let joined: Vec<u8> = if s.in_place {
+                iovs[r.first..r.end]
+                    .iter()
+                    .flat_map(|p| p.iter().copied())
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let bytes = if s.in_place {
+                &joined[..]
+            } else {
+                match s.pieces[r.first] {
+                    Piece::Staged { start, .. } => &s.buf[start..start + r.len],
+                    Piece::Region { .. } => &[][..],
+                }
+            };
+            for d in bytes.chunks(r.segment) {
+                counters.tx_syscalls += 1;
+                if sock.send(&dst, d, 0).is_err() {
+                    counters.tx_errors += 1;
+                }
+            }
+        };
         while !runs.is_empty() {
+            if !self.gso && runs[0].len > runs[0].segment {
+                // Staged before the route was found unable to segment: not offered again.
+                apart(runs[0], &mut self.counters);
+                runs = &runs[1..];
+                continue;
+            }
             self.counters.tx_syscalls += 1;
-            // One message per call without batching (a GSO run is still one message).
+            // One message per call without batching (a GSO run is still one message); once
+            // GSO is off, only the runs before the next one that would need it.
             let call = if batch { runs } else { &runs[..1] };
+            let call = if self.gso {
+                call
+            } else {
+                let k = call.iter().position(|r| r.len > r.segment);
+                &call[..k.unwrap_or(call.len())]
+            };
             let result = if s.in_place {
                 let mut msgs = [PieceMsg {
                     first: 0,
@@ -447,36 +485,14 @@ impl Engine {
                             Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT)
                         ) =>
                 {
-                    // The route cannot segment: datagrams one by one from now on (the runs
-                    // staged before this one was refused are refused too, and sent the same way).
+                    // The route cannot segment: datagrams one by one from now on, the runs of
+                    // this flush staged for GSO included.
                     if self.gso {
                         self.gso = false;
                         self.counters.tx_gso_disabled += 1;
                     }
-                    let r = runs[0];
+                    apart(runs[0], &mut self.counters);
                     runs = &runs[1..];
-                    let joined: Vec<u8> = if s.in_place {
-                        iovs[r.first..r.end]
-                            .iter()
-                            .flat_map(|p| p.iter().copied())
-                            .collect()
-                    } else {
-                        Vec::new()
-                    };
-                    let bytes = if s.in_place {
-                        &joined[..]
-                    } else {
-                        match s.pieces[r.first] {
-                            Piece::Staged { start, .. } => &s.buf[start..start + r.len],
-                            Piece::Region { .. } => &[][..],
-                        }
-                    };
-                    for d in bytes.chunks(r.segment) {
-                        self.counters.tx_syscalls += 1;
-                        if sock.send(&dst, d, 0).is_err() {
-                            self.counters.tx_errors += 1;
-                        }
-                    }
                 }
                 Err(_) => {
                     // Buffer full or unreachable: these are lost; the connection repairs them.

@@ -95,6 +95,7 @@ pub fn connection_named(c: &Counters) -> Vec<(&'static str, u64)> {
         ("tx_data_packets", c.data_sent),
         ("retransmits", c.retransmitted),
         ("rnr_retries", c.rnr_retries),
+        ("requests_waited", c.requests_waited),
         ("acked", c.acked),
         ("sacked", c.sacked),
         ("lost_by_sack", c.lost_by_sack),
