@@ -66,18 +66,8 @@ fn send_zerocopy(dst: SocketAddr, size: usize, per_call: usize, end: Instant) ->
     sock.connect(dst).expect("connect");
     sock.set_nonblocking(true).expect("non-blocking");
     let fd = sock.as_raw_fd();
-    let set = |level: i32, name: i32, v: i32| {
-        // SAFETY: `v` is a live i32 and its size is passed; the descriptor is open.
-        let r = unsafe {
-            libc::setsockopt(
-                fd,
-                level,
-                name,
-                (&v as *const i32).cast(),
-                size_of::<i32>() as u32,
-            )
-        };
-        assert_eq!(r, 0, "setsockopt: {}", std::io::Error::last_os_error());
+    let set = |level, name, v| {
+        host_ibverbs::udp::socket::set_opt(fd, level, name, v).expect("setsockopt");
     };
     set(libc::SOL_SOCKET, libc::SO_ZEROCOPY, 1);
     set(libc::SOL_SOCKET, libc::SO_SNDBUF, 8 << 20);

@@ -531,24 +531,7 @@ fn poll_fd(fd: i32, events: i16, wait: Option<Duration>) -> io::Result<()> {
 /// silence even where no heartbeat runs yet.
 fn set_keepalive(s: &TcpStream) -> io::Result<()> {
     let fd = s.as_raw_fd();
-    let set = |level: i32, name: i32, v: i32| -> io::Result<()> {
-        // SAFETY: `fd` is an open socket owned by `s`; the option value is a live i32 whose size
-        // is passed with it.
-        let r = unsafe {
-            libc::setsockopt(
-                fd,
-                level,
-                name,
-                (&v as *const i32).cast(),
-                std::mem::size_of::<i32>() as libc::socklen_t,
-            )
-        };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
-    };
+    let set = |level, name, v| crate::udp::socket::set_opt(fd, level, name, v);
     set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
     set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 5)?;
     set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1)?;

@@ -179,18 +179,14 @@ fn atomics_count_with_reads() {
 #[test]
 fn a_held_request_holds_its_stream_only() {
     let mut p = pair(1);
-    p.a.conn
-        .post(p.now, wr(1, WrOp::Read, 0, 0x0, 256))
-        .unwrap();
-    p.a.conn
-        .post(p.now, wr(2, WrOp::Read, 0, 0x100, 256))
-        .unwrap();
-    p.a.conn
-        .post(p.now, wr(3, WrOp::Write, 0, 0x2000, 256))
-        .unwrap();
-    p.a.conn
-        .post(p.now, wr(4, WrOp::Write, 1, 0x3000, 256))
-        .unwrap();
+    for (id, op, stream, at) in [
+        (1, WrOp::Read, 0, 0x0),
+        (2, WrOp::Read, 0, 0x100),
+        (3, WrOp::Write, 0, 0x2000),
+        (4, WrOp::Write, 1, 0x3000),
+    ] {
+        p.a.conn.post(p.now, wr(id, op, stream, at, 256)).unwrap();
+    }
     p.transmit();
     let first = sent_by_a(&p);
     assert_eq!(

@@ -214,7 +214,14 @@ fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
-fn set_opt(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
+/// `setsockopt` with an int value on descriptor `fd` (an error such as EBADF or ENOTSOCK if it is
+/// not an open socket that takes the option).
+pub fn set_opt(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
     // SAFETY: `fd` is an open socket; the option value is a live c_int of the stated size.
     let ret = unsafe {
         libc::setsockopt(
