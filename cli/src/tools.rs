@@ -87,7 +87,7 @@ pub struct PerfArgs {
     #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
     pub tx_depth: u32,
     /// Read and atomic requests outstanding per connection at most (the initiator depth); on
-    /// verbs no more than the device allows.
+    /// verbs no more than the device allows, and 16 at most.
     #[arg(short = 'o', long = "outs", default_value_t = host_ibverbs::udp::DEFAULT_MAX_RD_ATOMIC,
           value_parser = clap::value_parser!(u8).range(1..))]
     pub outs: u8,

@@ -60,14 +60,15 @@ fn recv(at: SocketAddr) {
 /// The zero-copy sender: `sendmsg` of `per_call` bytes cut into `size`-byte datagrams, with
 /// `MSG_ZEROCOPY`, until `end`; returns (calls, calls the kernel reported it had copied anyway).
 fn send_zerocopy(dst: SocketAddr, size: usize, per_call: usize, end: Instant) -> (u64, u64) {
-    use std::os::fd::AsRawFd;
+    use std::os::fd::{AsFd, AsRawFd};
     let sock = std::net::UdpSocket::bind(if dst.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" })
         .expect("bind the send socket");
     sock.connect(dst).expect("connect");
     sock.set_nonblocking(true).expect("non-blocking");
     let fd = sock.as_raw_fd();
     let set = |level, name, v| {
-        host_ibverbs::udp::socket::set_opt(fd, level, name, v).expect("setsockopt");
+        host_ibverbs::udp::socket::set_int_option(sock.as_fd(), level, name, v)
+            .expect("setsockopt");
     };
     set(libc::SOL_SOCKET, libc::SO_ZEROCOPY, 1);
     set(libc::SOL_SOCKET, libc::SO_SNDBUF, 8 << 20);
@@ -87,7 +88,12 @@ fn send_zerocopy(dst: SocketAddr, size: usize, per_call: usize, end: Instant) ->
         // SAFETY: the kernel wrote `msg_controllen` bytes of cmsgs; the macros stay inside them.
         unsafe {
             let c = libc::CMSG_FIRSTHDR(&h);
-            if !c.is_null() {
+            let whole = libc::CMSG_LEN(size_of::<libc::sock_extended_err>() as u32) as usize;
+            let recverr = |c: &libc::cmsghdr| {
+                (c.cmsg_level == libc::SOL_IP && c.cmsg_type == libc::IP_RECVERR)
+                    || (c.cmsg_level == libc::SOL_IPV6 && c.cmsg_type == libc::IPV6_RECVERR)
+            };
+            if !c.is_null() && recverr(&*c) && (*c).cmsg_len as usize >= whole {
                 let e = libc::CMSG_DATA(c)
                     .cast::<libc::sock_extended_err>()
                     .read_unaligned();
@@ -130,8 +136,8 @@ fn send_zerocopy(dst: SocketAddr, size: usize, per_call: usize, end: Instant) ->
                 .write_unaligned(size as u16);
         }
         // SAFETY: `h` points at the live buffer and control block for the call; the buffer
-        // outlives every call (the kernel reads it until the call is reported complete, and it
-        // is dropped only after the last reports are read below, or unread at exit).
+        // outlives every call (the kernel reads it until the call is reported complete; it is
+        // dropped only after every report is read below, and otherwise never freed).
         if unsafe { libc::sendmsg(fd, &h, libc::MSG_ZEROCOPY) } >= 0 {
             calls += 1;
         }
@@ -140,6 +146,10 @@ fn send_zerocopy(dst: SocketAddr, size: usize, per_call: usize, end: Instant) ->
     let wait = Instant::now() + Duration::from_millis(200);
     while done < calls && Instant::now() < wait {
         reap(&mut done, &mut copied);
+    }
+    if done < calls {
+        // The kernel may still read it: never freed (the process ends soon after).
+        std::mem::forget(buf);
     }
     (calls, copied)
 }

@@ -31,8 +31,8 @@ fn hop(ring: &mut IoUring, s: &UdpSocket, out: &[u8], buf: &mut [u8], spin: bool
     let recv = opcode::Recv::new(fd, buf.as_mut_ptr(), buf.len() as u32)
         .build()
         .user_data(2);
-    // SAFETY: both buffers outlive the operations: this function waits for both completions
-    // before it returns.
+    // SAFETY: both buffers outlive the operations: this function returns only after both
+    // completions, and any failure before then aborts the process (no unwinding frees them).
     unsafe {
         let mut sq = ring.submission();
         sq.push(&send).expect("room for the send");
@@ -40,23 +40,28 @@ fn hop(ring: &mut IoUring, s: &UdpSocket, out: &[u8], buf: &mut [u8], spin: bool
     }
     let mut got = None;
     let mut sent = false;
-    if spin {
-        ring.submit().expect("io_uring_enter");
+    let submitted = if spin {
+        ring.submit()
     } else {
-        ring.submit_and_wait(2).expect("io_uring_enter");
+        ring.submit_and_wait(2)
+    };
+    if submitted.is_err() {
+        std::process::abort();
     }
     while got.is_none() || !sent {
         for cqe in ring.completion() {
-            assert!(
-                cqe.result() >= 0,
-                "io_uring op {}: {}",
-                cqe.user_data(),
-                cqe.result()
-            );
+            if cqe.result() < 0 {
+                eprintln!("io_uring op {}: error {}", cqe.user_data(), -cqe.result());
+                std::process::abort();
+            }
             match cqe.user_data() {
                 1 => sent = true,
                 _ => got = Some(cqe.result() as usize),
             }
+        }
+        if (got.is_none() || !sent) && !spin && ring.submit_and_wait(1).is_err() {
+            // (A wait cut short, by a signal, waits again; that also runs deferred task work.)
+            std::process::abort();
         }
         std::hint::spin_loop();
     }

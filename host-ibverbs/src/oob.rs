@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -530,8 +530,7 @@ fn poll_fd(fd: i32, events: i16, wait: Option<Duration>) -> io::Result<()> {
 /// TCP keepalive: a peer host that vanished is found by the kernel within about 10 s of
 /// silence even where no heartbeat runs yet.
 fn set_keepalive(s: &TcpStream) -> io::Result<()> {
-    let fd = s.as_raw_fd();
-    let set = |level, name, v| crate::udp::socket::set_opt(fd, level, name, v);
+    let set = |level, name, v| crate::udp::socket::set_int_option(s.as_fd(), level, name, v);
     set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
     set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 5)?;
     set(libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1)?;

@@ -214,15 +214,20 @@ fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
-/// `setsockopt` with an int value on descriptor `fd` (an error such as EBADF or ENOTSOCK if it is
-/// not an open socket that takes the option).
-pub fn set_opt(
-    fd: RawFd,
+/// `setsockopt` with an int value on socket `fd` (an error, such as ENOPROTOOPT, if the socket
+/// does not take the option).
+pub fn set_int_option(
+    fd: std::os::fd::BorrowedFd<'_>,
     level: libc::c_int,
     name: libc::c_int,
     value: libc::c_int,
 ) -> io::Result<()> {
-    // SAFETY: `fd` is an open socket; the option value is a live c_int of the stated size.
+    set_opt(fd.as_raw_fd(), level, name, value)
+}
+
+fn set_opt(fd: RawFd, level: libc::c_int, name: libc::c_int, value: libc::c_int) -> io::Result<()> {
+    // SAFETY: the option value is a live c_int of the stated size; the kernel checks `fd` (this
+    // module's own sockets, or a borrowed one through `set_int_option`).
     let ret = unsafe {
         libc::setsockopt(
             fd,

@@ -360,11 +360,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 if msg.kind == MsgKind::Atomic
                     && msg.stream == data.stream_id
                     && msg.msn == data.msn
+                    && msg.next_pkt > 0
                     && !msg.done
                 {
-                    if msg.next_pkt > 0 {
-                        self.requests_out = self.requests_out.saturating_sub(1);
-                    }
+                    self.requests_out = self.requests_out.saturating_sub(1);
                     msg.done = true;
                     let addr = msg.local_addr;
                     self.complete_in_order();
@@ -386,6 +385,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 if msg.kind == MsgKind::Read
                     && msg.stream == data.stream_id
                     && msg.msn == data.msn
+                    && msg.next_pkt > 0
                     && !msg.done
                 {
                     if u64::from(data.msg_offset) + payload_len as u64 > u64::from(msg.len) {
@@ -394,9 +394,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     msg.resp_bytes += payload_len as u32;
                     let addr = msg.local_addr + u64::from(data.msg_offset);
                     if msg.resp_bytes >= msg.len {
-                        if msg.next_pkt > 0 {
-                            self.requests_out = self.requests_out.saturating_sub(1);
-                        }
+                        self.requests_out = self.requests_out.saturating_sub(1);
                         msg.done = true;
                         self.complete_in_order();
                     }

@@ -555,12 +555,19 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                         MsgKind::Read | MsgKind::Atomic
                             if msg.next_pkt == 0 && self.requests_out >= depth =>
                         {
+                            let first_hold = !msg.held;
+                            if first_hold {
+                                // Counted again over the ring once per request held: a count
+                                // that drifted would hold every request for good.
+                                self.requests_out = self.count_requests_out() as u16;
+                                if self.requests_out < depth {
+                                    break m;
+                                }
+                                self.counters.requests_waited += 1;
+                            }
                             held[stream] = true;
                             if let Some(x) = self.msgs.get_mut(m) {
-                                if !x.held {
-                                    x.held = true;
-                                    self.counters.requests_waited += 1;
-                                }
+                                x.held = true;
                             }
                         }
                         _ => break m,
