@@ -804,3 +804,70 @@ fn an_unknown_path_and_an_unsupported_opcode_are_counted_apart() {
     let c = *p.a.conn.counters();
     assert_eq!((c.drop_unknown_path, c.drop_unsupported_opcode), (1, 1));
 }
+
+/// A Read response for a Read that A holds at its initiator depth (posted, never sent) completes
+/// nothing and lands nothing, even when it passes every other check: this one carries B's own
+/// first PSN and path sequence, as the peer itself (or a forger who has learned them) could send.
+#[test]
+fn a_forged_response_to_a_held_read_completes_nothing() {
+    use transport_core::conn::{Access, Config, Region, RemoteAddr, WrOp};
+    let depth_one = |mut c: Config| {
+        c.max_rd_atomic = 1;
+        c
+    };
+    let mut p = Pair::with_configs(depth_one(common::config(1, 2)), common::config(2, 1));
+    let len = p.b.mem.len() as u64;
+    for (side, access) in [
+        (&mut p.b, Access::REMOTE_READ),
+        (&mut p.a, Access::LOCAL_WRITE),
+    ] {
+        side.conn
+            .register(Region {
+                key: KEY,
+                base: BASE,
+                len,
+                access,
+            })
+            .unwrap();
+    }
+    let read = |id: u64, at: u64| WorkRequest {
+        id,
+        op: WrOp::Read,
+        stream: 0,
+        local_addr: BASE + at,
+        len: 8,
+        remote: RemoteAddr {
+            va: BASE + at,
+            rkey: KEY,
+        },
+    };
+    // Read 1 (MSN 0) goes; Read 2 (MSN 1) is held behind it.
+    p.a.conn.post(p.now, read(1, 0x100)).unwrap();
+    p.a.conn.post(p.now, read(2, 0x200)).unwrap();
+    p.transmit();
+    let sent = p.wire.len();
+    assert_eq!(sent, 1, "one Read request on the wire");
+    // The forger answers Read 2 from B's port of path 0, in B's first PSN and path sequence.
+    let data = MrDataRepr {
+        path_id: 0,
+        path_seq: path_origin(path_base(2), PathId(0)).0,
+        stream_id: 0,
+        msn: 1,
+        msg_offset: 0,
+        msg_len: 8,
+        ..Default::default()
+    };
+    let d = forge(
+        false,
+        b_port(&p, 0),
+        0,
+        Opcode::MrReadResponse,
+        Extensions::MrData(data),
+    );
+    let _ = p.deliver(false, b_port(&p, 0), &d);
+    while let Some(e) = p.a.conn.poll_event() {
+        p.a.events.push(e);
+    }
+    assert!(completions(&p.a.events).is_empty(), "{:?}", p.a.events);
+    assert_ne!(p.a.mem[0x200..0x208], [0xee; 8], "the forged bytes landed");
+}
