@@ -25,7 +25,7 @@
 //! machine at hand (`scripts/bench-lat-budget.sh`).
 
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::time::{Duration, Instant};
 
 /// Bytes a 2-byte Write with immediate adds on the wire, from the BTH to the ICRC.
@@ -34,25 +34,13 @@ const PATHS: usize = 8;
 
 /// setsockopt with an int value; whether it was accepted.
 fn try_set(s: &UdpSocket, level: i32, name: i32, value: i32) -> bool {
-    // SAFETY: `value` is a live i32 and its size is passed; the descriptor is open.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            level,
-            name,
-            (&value as *const i32).cast(),
-            std::mem::size_of::<i32>() as libc::socklen_t,
-        )
-    };
-    r == 0
+    host_ibverbs::udp::socket::set_int_option(s.as_fd(), level, name, value).is_ok()
 }
 
 fn set(s: &UdpSocket, level: i32, name: i32, value: i32) {
-    assert!(
-        try_set(s, level, name, value),
-        "setsockopt({level}, {name}): {}",
-        std::io::Error::last_os_error()
-    );
+    if let Err(e) = host_ibverbs::udp::socket::set_int_option(s.as_fd(), level, name, value) {
+        panic!("setsockopt({level}, {name}): {e}");
+    }
 }
 
 /// Whether `--without` names socket feature `f` (what each one costs, alone).
