@@ -355,9 +355,6 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             };
             let s = usize::from(msg.stream) % S;
             if !msg.reported && msg.done && !blocked[s] {
-                if let Some(x) = self.msgs.get_mut(m) {
-                    x.reported = true;
-                }
                 let kind = match msg.kind {
                     MsgKind::Send => Some(CompletionKind::Send),
                     MsgKind::Write => Some(CompletionKind::Write),
@@ -366,14 +363,21 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     MsgKind::ReadResponse | MsgKind::AtomicResponse => None,
                 };
                 if let Some(kind) = kind {
-                    self.push_event(Event::Completion(Completion {
+                    let c = Completion {
                         id: msg.wr_id,
                         status: msg.status,
                         kind,
                         byte_len: msg.len,
                         imm: msg.imm,
                         stream: msg.stream,
-                    }));
+                    };
+                    if !self.push_completion(c) {
+                        // The queue is full: this message and every later one wait, unreported.
+                        break;
+                    }
+                }
+                if let Some(x) = self.msgs.get_mut(m) {
+                    x.reported = true;
                 }
             } else if !msg.reported {
                 blocked[s] = true;

@@ -187,7 +187,11 @@ pub struct Connection<
     acks: AckSchedule<P>,
     pending_atomic: Option<PendingAtomic>,
     events: Ring<Event, Q>,
+    /// Path events dropped because the event queue was full (completions never are: see
+    /// `push_completion`).
     events_lost: u64,
+    /// A completion waits for room in the event queue (`poll_event` reports it).
+    completions_deferred: bool,
     /// ICRC prefixes of what this end sends and receives.
     icrc_tx: IcrcPrefixes,
     icrc_rx: IcrcPrefixes,
@@ -308,6 +312,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             pending_atomic: None,
             events: Ring::new(),
             events_lost: 0,
+            completions_deferred: false,
             icrc_tx: IcrcPrefixes::default(),
             icrc_rx: IcrcPrefixes::default(),
             rate: RateControl::new(cfg.cc, cfg.window_per_path)
@@ -382,7 +387,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         Some(s)
     }
 
-    /// Events that could not be queued because the event queue was full.
+    /// Path events (failed, restored) that could not be queued because the event queue was
+    /// full; they are counted in the counters and path stats all the same. Completions are never
+    /// lost: one that finds the queue full waits, its message or receive kept, until
+    /// [`Connection::poll_event`] has room for it.
     pub fn events_lost(&self) -> u64 {
         self.events_lost
     }
@@ -489,15 +497,38 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         Ok(())
     }
 
-    /// The next event, if any.
+    /// The next event, if any. Completions come in order within each stream; any number of them
+    /// may be due at once (receives on every stream, messages acknowledged together), more than
+    /// the queue holds: those wait in the connection and come once the queue is drained.
     pub fn poll_event(&mut self) -> Option<Event> {
+        if let Some(e) = self.events.pop() {
+            return Some(e);
+        }
+        if !core::mem::take(&mut self.completions_deferred) {
+            return None;
+        }
+        self.complete_in_order();
+        for stream in 0..S {
+            self.complete_receives(stream);
+        }
         self.events.pop()
     }
 
+    /// Queues a path event; one that finds the queue full is dropped and counted.
     fn push_event(&mut self, e: Event) {
         if self.events.push(e).is_err() {
             self.events_lost += 1;
         }
+    }
+
+    /// Queues a completion; false when the queue is full, and the caller keeps what it would
+    /// have completed (a message unreported, a receive not yet completed) for `poll_event`.
+    fn push_completion(&mut self, c: Completion) -> bool {
+        if self.events.is_full() {
+            self.completions_deferred = true;
+            return false;
+        }
+        self.events.push(Event::Completion(c)).is_ok()
     }
 
     /// Whether everything posted has completed and nothing is waiting to be sent.

@@ -313,8 +313,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             if !slot.done {
                 return;
             }
-            s.completed = s.completed.wrapping_add(1);
-            self.push_event(Event::Completion(Completion {
+            let c = Completion {
                 id: slot.id,
                 status: slot.status.map_or(Status::Success, Status::Refused),
                 kind: if slot.write_imm {
@@ -325,7 +324,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 byte_len: slot.msg_len,
                 imm: slot.imm,
                 stream: stream as u16,
-            }));
+            };
+            if !self.push_completion(c) {
+                // The queue is full: the receive stays posted and done until `poll_event`.
+                return;
+            }
+            self.rx_streams[stream].completed = self.rx_streams[stream].completed.wrapping_add(1);
         }
     }
 
