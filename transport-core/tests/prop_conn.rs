@@ -96,6 +96,8 @@ enum Step {
     Tick {
         us: u32,
     },
+    /// The runners hand their events over (only here: the event queues fill between).
+    Drain,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -104,6 +106,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u16..3, 0u32..6000).prop_map(|(stream, len)| Step::Recv { stream, len }),
         6 => (any::<usize>(), 0u8..10, any::<usize>()).prop_map(|(pick, fate, byte)| Step::Deliver { pick, fate, byte }),
         1 => (1u32..500).prop_map(|us| Step::Tick { us }),
+        1 => Just(Step::Drain),
     ]
 }
 
@@ -141,6 +144,7 @@ proptest! {
         let mut next_id = 1u64;
         let mut recv_at = 0u64;
         for s in steps {
+            let drain = matches!(s, Step::Drain);
             match s {
                 Step::Post { op, stream, len, offset } => {
                     let op = [WrOp::Write, WrOp::WriteWithImm(7), WrOp::Send, WrOp::SendWithImm(9), WrOp::Read, WrOp::FetchAdd(3), WrOp::CompareSwap { compare: 0, swap: 1 }][op as usize];
@@ -191,6 +195,7 @@ proptest! {
                         }
                     }
                 }
+                Step::Drain => {}
                 Step::Tick { us } => {
                     p.now += u64::from(us) * 1000;
                     for side in [&mut p.a, &mut p.b] {
@@ -212,6 +217,9 @@ proptest! {
                     cuts += s.cwnd_cuts;
                 }
                 prop_assert_eq!(cuts, side.conn.counters().cwnd_cuts);
+            }
+            if !drain {
+                continue;
             }
             for (is_a, side) in [(true, &mut p.a), (false, &mut p.b)] {
                 while let Some(e) = side.conn.poll_event() {
