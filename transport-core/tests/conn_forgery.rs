@@ -871,3 +871,93 @@ fn a_forged_response_to_a_held_read_completes_nothing() {
     assert!(completions(&p.a.events).is_empty(), "{:?}", p.a.events);
     assert_ne!(p.a.mem[0x200..0x208], [0xee; 8], "the forged bytes landed");
 }
+
+/// A receive whose message is whole but whose completion waits (behind an earlier receive of its
+/// stream, or for room in the event queue) is not open to more bytes: a Send packet with a fresh
+/// PSN naming its MSN, even on an unused path sequence of the peer's, is refused and places
+/// nothing, and the receive completes with the peer's own bytes.
+#[test]
+fn a_send_for_a_receive_that_is_whole_but_not_yet_completed_is_refused() {
+    use transport_core::conn::{RecvRequest, RemoteAddr, WrOp};
+    let mut p = pair();
+    for (i, b) in p.a.mem.iter_mut().enumerate() {
+        *b = (i as u8).wrapping_mul(13).wrapping_add(1);
+    }
+    for (id, at) in [(10u64, 0x1000u64), (11, 0x2000)] {
+        p.b.conn
+            .post_recv(RecvRequest {
+                id,
+                stream: 0,
+                addr: BASE + at,
+                len: 64,
+            })
+            .unwrap();
+    }
+    let send = |id: u64, at: u64| WorkRequest {
+        id,
+        op: WrOp::Send,
+        stream: 0,
+        local_addr: BASE + at,
+        len: 8,
+        remote: RemoteAddr::default(),
+    };
+    p.a.conn.post(p.now, send(1, 0)).unwrap();
+    p.a.conn.post(p.now, send(2, 8)).unwrap();
+    p.transmit();
+    let to_b: Vec<(u16, Vec<u8>)> = p
+        .wire
+        .iter()
+        .filter(|(to_b, _, _)| *to_b)
+        .map(|(_, port, d)| (*port, d.clone()))
+        .collect();
+    p.wire.clear();
+    assert_eq!(to_b.len(), 2, "two Sends");
+    // Only the second arrives: receive 11 is whole, and waits behind receive 10.
+    let psn_of = |d: &[u8]| BthRepr::parse(d).unwrap().0.psn.get();
+    let (first, second) = if psn_of(&to_b[0].1) < psn_of(&to_b[1].1) {
+        (to_b[0].clone(), to_b[1].clone())
+    } else {
+        (to_b[1].clone(), to_b[0].clone())
+    };
+    assert!(matches!(
+        p.deliver(true, second.0, &second.1),
+        Ok(Delivery::Place { .. })
+    ));
+    // The forged Send: MSN 1, the next PSN, path 3's first sequence (no packet used it).
+    let data = MrDataRepr {
+        path_id: 3,
+        path_seq: path_origin(path_base(1), PathId(3)).0,
+        stream_id: 0,
+        msn: 1,
+        msg_offset: 0,
+        msg_len: 8,
+        ..Default::default()
+    };
+    let d = forge(
+        true,
+        a_port(&p, 3),
+        psn_of(&second.1) + 1,
+        Opcode::MrSend,
+        Extensions::MrData(data),
+    );
+    let forged = p.deliver(true, a_port(&p, 3), &d);
+    assert!(
+        !matches!(forged, Ok(Delivery::Place { .. })),
+        "placed: {forged:?}"
+    );
+    assert_eq!(p.b.mem[0x2000..0x2008], p.a.mem[8..16]);
+    // The first Send arrives; both receives complete with the peer's bytes.
+    let _ = p.deliver(true, first.0, &first.1);
+    p.settle();
+    let got: Vec<(u64, Status)> =
+        p.b.events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Completion(c) => Some((c.id, c.status)),
+                _ => None,
+            })
+            .collect();
+    assert_eq!(got, [(10, Status::Success), (11, Status::Success)]);
+    assert_eq!(p.b.mem[0x1000..0x1008], p.a.mem[0..8]);
+    assert_eq!(p.b.mem[0x2000..0x2008], p.a.mem[8..16]);
+}

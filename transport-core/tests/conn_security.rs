@@ -354,6 +354,37 @@ fn sends_match_receives_by_msn_and_overlong_sends_are_refused() {
     assert_eq!(cb[0].id, 10);
     assert_eq!(cb[0].imm, Some(0xabcd));
     assert_eq!(cb[0].byte_len, 3000);
+    // The refused Send consumed receive 11, which completes with the refusal; receive 12, which
+    // holds Send 3, completes after it (before, neither ever completed).
+    assert_eq!(
+        cb.iter()
+            .map(|c| (c.id, c.status, c.byte_len))
+            .collect::<Vec<_>>(),
+        [
+            (10, Status::Success, 3000),
+            (11, Status::Refused(NackReason::MessageTooLong), 0),
+            (12, Status::Success, 50),
+        ]
+    );
+    // The stream goes on: a fourth Send lands in a fourth receive.
+    p.b.conn
+        .post_recv(RecvRequest {
+            id: 13,
+            stream: 1,
+            addr: BASE + 24576,
+            len: 100,
+        })
+        .unwrap();
+    p.a.conn
+        .post(Instant::ZERO, send(4, 60, WrOp::Send))
+        .unwrap();
+    p.settle();
+    let cb = completions(&p.b.events);
+    assert_eq!(
+        (cb[3].id, cb[3].status, cb[3].byte_len),
+        (13, Status::Success, 60)
+    );
+    assert!(p.b.mem[24576..24636] == p.a.mem[..60]);
 }
 
 #[test]

@@ -129,7 +129,8 @@ fn receives_beyond_the_event_queue_complete_once_it_is_drained() {
 fn sends_and_receives_due_together_beyond_the_queue_all_complete() {
     let mut p = Pair::new();
     // Each side: Q receives on each stream, then Q Sends (its whole message ring), with no
-    // event handed over until both sides are quiet: 3 Q completions due on each side.
+    // event handed over until both sides are quiet: 2 Q completions due on each side (its Q
+    // Sends, and Q receives of the peer's), twice.
     for side in [&mut p.a, &mut p.b] {
         for stream in 0..S {
             for i in 0..Q as u64 {
@@ -163,4 +164,72 @@ fn sends_and_receives_due_together_beyond_the_queue_all_complete() {
             assert_eq!(side.conn.events_lost(), 0);
         }
     }
+}
+
+#[test]
+fn three_queues_worth_come_in_order_through_a_partial_drain() {
+    let mut p = Pair::new();
+    for (i, b) in p.b.mem.iter_mut().enumerate() {
+        *b = (i * 5 + 1) as u8;
+    }
+    // A: Q receives on each stream and Q Sends of its own; B sends 2 Q messages to A, handing
+    // its own events over; A hands over five events halfway and the rest at the end: 3 Q
+    // completions due at A, more than the queue holds even after the first refill.
+    for stream in 0..S {
+        for i in 0..Q as u64 {
+            p.a.conn.post_recv(recv(stream, i)).unwrap();
+        }
+    }
+    for n in 0..Q as u64 {
+        p.a.conn.post(p.now, send(n)).unwrap();
+    }
+    // B's receives for A's Sends.
+    for stream in 0..S {
+        for i in 0..Q as u64 / u64::from(S) {
+            p.b.conn.post_recv(recv(stream, i)).unwrap();
+        }
+    }
+    let total = 2 * Q as u64;
+    let (mut posted, mut b_done) = (0u64, 0u64);
+    let mut got = Vec::new();
+    let mut halfway = false;
+    while b_done < total {
+        while posted < total && p.b.conn.post(p.now, send(posted)).is_ok() {
+            posted += 1;
+        }
+        run_undrained(&mut p);
+        b_done += drain(&mut p.b.conn)
+            .iter()
+            .filter(|c| c.kind == CompletionKind::Send)
+            .count() as u64;
+        if !halfway && b_done >= total / 2 {
+            halfway = true;
+            for _ in 0..5 {
+                match p.a.conn.poll_event() {
+                    Some(Event::Completion(c)) => got.push(c),
+                    other => panic!("expected a completion, got {other:?}"),
+                }
+            }
+        }
+    }
+    assert!(halfway);
+    got.extend(drain(&mut p.a.conn));
+    assert_eq!(got.len(), 3 * Q, "Q Sends and 2 Q receives, each once");
+    for stream in 0..S {
+        let sends: Vec<u64> = (0..Q as u64)
+            .filter(|n| n % u64::from(S) == u64::from(stream))
+            .collect();
+        assert_eq!(ids(&got, CompletionKind::Send, stream), sends);
+        let recvs: Vec<u64> = (0..Q as u64).map(|i| recv(stream, i).id).collect();
+        assert_eq!(ids(&got, CompletionKind::Recv, stream), recvs);
+    }
+    for c in got.iter().filter(|c| c.kind == CompletionKind::Recv) {
+        let (stream, i) = (u64::from(c.stream), c.id % 1000);
+        let n = (i * u64::from(S) + stream) as usize;
+        let at = (recv(c.stream, i).addr - BASE) as usize;
+        let len = LEN as usize;
+        assert_eq!(p.a.mem[at..at + len], p.b.mem[n * len..(n + 1) * len]);
+    }
+    assert!(p.a.conn.is_idle());
+    assert_eq!(p.a.conn.events_lost(), 0);
 }

@@ -10,8 +10,8 @@ use proptest::prelude::*;
 use std::collections::{BTreeSet, HashSet};
 use transport_core::conn::PathId;
 use transport_core::conn::{
-    psn_before, psn_diff, Access, Arrival, Delivery, Event, PathSeq, RecvRequest, Region,
-    RemoteAddr, SackBitmap, Status, WorkRequest, WrOp,
+    psn_before, psn_diff, Access, Arrival, CompletionKind, Delivery, Event, PathSeq, RecvRequest,
+    Region, RemoteAddr, SackBitmap, Status, WorkRequest, WrOp,
 };
 use transport_core::wire::Psn;
 
@@ -139,6 +139,8 @@ proptest! {
         p.b.conn.register(Region { key: KEY, base: GRANT_BASE, len: GRANT_LEN, access: Access::REMOTE_WRITE.union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC) }).unwrap();
         p.a.conn.register(Region { key: KEY, base: BASE, len: MEM as u64, access: Access::LOCAL_WRITE }).unwrap();
         let mut completed: HashSet<(bool, u64)> = HashSet::new();
+        // The last completion id per side, stream and direction (ids grow with posting order).
+        let mut last: std::collections::HashMap<(bool, u16, bool), u64> = Default::default();
         // Writes aimed (partly) outside B's grant: refused, whatever the wire loses or reorders.
         let mut must_refuse: HashSet<u64> = HashSet::new();
         let mut next_id = 1u64;
@@ -225,6 +227,9 @@ proptest! {
                 while let Some(e) = side.conn.poll_event() {
                     if let Event::Completion(c) = e {
                         prop_assert!(completed.insert((is_a, c.id)), "completion {} reported twice", c.id);
+                        let recv = matches!(c.kind, CompletionKind::Recv | CompletionKind::RecvWriteImm);
+                        let before = last.insert((is_a, c.stream, recv), c.id);
+                        prop_assert!(before.is_none_or(|b| b < c.id), "completion {} after {:?} on stream {}", c.id, before, c.stream);
                         prop_assert!(
                             !(is_a && must_refuse.contains(&c.id) && c.status == Status::Success),
                             "write {} outside the grant completed as successful", c.id

@@ -349,6 +349,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// Reports finished messages in order within each stream and frees the ring's head.
     pub(super) fn complete_in_order(&mut self) {
         let mut blocked = [false; S];
+        // The event queue filled: no completion more this pass (responses, which report
+        // nothing, are still marked, so that the ring's head can be freed).
+        let mut full = false;
         for m in self.msgs.seqs() {
             let Some(&msg) = self.msgs.get(m) else {
                 continue;
@@ -371,9 +374,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                         imm: msg.imm,
                         stream: msg.stream,
                     };
-                    if !self.push_completion(c) {
-                        // The queue is full: this message and every later one wait, unreported.
-                        break;
+                    if full || !self.push_completion(c) {
+                        // The queue is full: this message and every later one of its stream
+                        // wait, unreported.
+                        full = true;
+                        blocked[s] = true;
+                        continue;
                     }
                 }
                 if let Some(x) = self.msgs.get_mut(m) {

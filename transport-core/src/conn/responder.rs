@@ -112,7 +112,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                         offset: payload_at,
                         len: payload_len,
                     },
-                    Err(reason) => return self.refuse_receive(bth.psn, path, &data, reason),
+                    Err(reason) => {
+                        let refused = self.refuse_receive(bth.psn, path, &data, reason);
+                        if refused.is_ok() && reason == NackReason::MessageTooLong {
+                            self.consume_receive(&data, reason);
+                        }
+                        return refused;
+                    }
                 }
             }
             Opcode::MrReadRequest => {
@@ -282,6 +288,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             });
         }
         let slot = &mut s.slots[data.msn as usize % Q];
+        if slot.done {
+            // Its message is whole (its completion may wait behind an earlier receive's, or for
+            // room in the event queue): a packet with a fresh PSN for it is not the peer's.
+            return Err(NackReason::InvalidRequest);
+        }
         if !write_imm && data.msg_len > slot.cap {
             return Err(NackReason::MessageTooLong);
         }
@@ -301,6 +312,27 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             self.complete_receives(usize::from(data.stream_id));
         }
         Ok(addr)
+    }
+
+    /// A Send refused as too long for the receive posted for its MSN consumes that receive, which
+    /// completes with the refusal (as a NIC completes it with a length error), so that the
+    /// stream's later receives complete in turn. A receive that some of a message already
+    /// reached keeps waiting for it.
+    fn consume_receive(&mut self, data: &MrDataRepr, reason: NackReason) {
+        let stream = usize::from(data.stream_id);
+        let s = &mut self.rx_streams[stream];
+        let ahead = data.msn.wrapping_sub(s.completed);
+        if ahead >= s.posted.wrapping_sub(s.completed) {
+            return;
+        }
+        let slot = &mut s.slots[data.msn as usize % Q];
+        if slot.done || slot.started {
+            return;
+        }
+        slot.done = true;
+        slot.status = Some(reason);
+        slot.msg_len = 0;
+        self.complete_receives(stream);
     }
 
     pub(super) fn complete_receives(&mut self, stream: usize) {
