@@ -112,9 +112,12 @@ pub(crate) struct RemoteBuf {
 }
 
 impl RemoteBuf {
+    /// The address `offset` bytes into the buffer. `decode_bufs` refuses a buffer whose end
+    /// wraps the address space; an offset past the end saturates, and the peer's bounds check
+    /// refuses the access (never an overflow here).
     pub fn at(&self, offset: usize) -> RemoteAddr {
         RemoteAddr {
-            va: self.va + offset as u64,
+            va: self.va.saturating_add(offset as u64),
             rkey: self.rkey,
         }
     }
@@ -179,6 +182,11 @@ pub(crate) fn decode_bufs(s: &str) -> Result<Vec<RemoteBuf>, OobError> {
             let (va, rkey, len) = (next()?, next()?, next()?);
             if it.next().is_some() {
                 return Err(OobError::Field(format!("buffer {p:?}")));
+            }
+            if va.checked_add(len).is_none() {
+                return Err(OobError::Field(format!(
+                    "buffer {p:?} wraps the address space"
+                )));
             }
             Ok(RemoteBuf {
                 va,
