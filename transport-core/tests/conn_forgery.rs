@@ -961,3 +961,90 @@ fn a_send_for_a_receive_that_is_whole_but_not_yet_completed_is_refused() {
     assert_eq!(p.b.mem[0x1000..0x1008], p.a.mem[0..8]);
     assert_eq!(p.b.mem[0x2000..0x2008], p.a.mem[8..16]);
 }
+
+/// Send packets whose bytes add up to more than their message (overlapping offsets, each with a
+/// fresh PSN: no honest requester sends them, since a packet sent again keeps its PSN) are
+/// refused: the receive ends with the refusal instead of counting past its message (a count
+/// that overflowed, or a receive that never completed and held every later one of its stream),
+/// and the stream's next messages complete.
+#[test]
+fn send_packets_that_overfill_their_message_end_its_receive_and_the_stream_goes_on() {
+    use transport_core::conn::{CompletionKind, RecvRequest};
+    let mut p = pair();
+    for id in 0..3u64 {
+        p.b.conn
+            .post_recv(RecvRequest {
+                id: 20 + id,
+                stream: 0,
+                addr: BASE + 0x1000 * (id + 1),
+                len: 64,
+            })
+            .unwrap();
+    }
+    // (MSN, offset, message length): MSN 0 is 12 bytes, given 8 at 0 and then 8 at 4; MSNs 1
+    // and 2 are whole 8-byte messages. Each packet carries eight 0xee bytes, on its own path
+    // sequence, with the next PSN.
+    let packets = [(0u32, 0u32, 12u32), (0, 4, 12), (1, 0, 8), (2, 0, 8)];
+    let mut results = Vec::new();
+    for (k, (msn, offset, msg_len)) in packets.into_iter().enumerate() {
+        let path = (k % 4) as u8;
+        let data = MrDataRepr {
+            path_id: path,
+            path_seq: path_origin(path_base(1), PathId(path))
+                .0
+                .wrapping_add((k / 4) as u32),
+            stream_id: 0,
+            msn,
+            msg_offset: offset,
+            msg_len,
+            ..Default::default()
+        };
+        let d = forge(
+            true,
+            a_port(&p, path),
+            k as u32,
+            Opcode::MrSend,
+            Extensions::MrData(data),
+        );
+        results.push(p.deliver(true, a_port(&p, path), &d));
+    }
+    assert!(
+        matches!(results[0], Ok(Delivery::Place { .. })),
+        "{results:?}"
+    );
+    assert!(
+        !matches!(results[1], Ok(Delivery::Place { .. })),
+        "16 bytes counted into a 12-byte message: {results:?}"
+    );
+    assert!(
+        matches!(results[2], Ok(Delivery::Place { .. })),
+        "{results:?}"
+    );
+    assert!(
+        matches!(results[3], Ok(Delivery::Place { .. })),
+        "{results:?}"
+    );
+    while let Some(e) = p.b.conn.poll_event() {
+        p.b.events.push(e);
+    }
+    let got: Vec<(u64, CompletionKind, Status)> =
+        p.b.events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Completion(c) => Some((c.id, c.kind, c.status)),
+                _ => None,
+            })
+            .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                20,
+                CompletionKind::Recv,
+                Status::Refused(NackReason::InvalidRequest)
+            ),
+            (21, CompletionKind::Recv, Status::Success),
+            (22, CompletionKind::Recv, Status::Success),
+        ]
+    );
+}

@@ -997,3 +997,65 @@ fn a_peer_refusing_again_and_again_is_asked_less_often() {
     assert_eq!(sent_at.len(), 2, "sent, refused, sent again: {sent_at:?}");
     assert!(sent_at[1] - sent_at[0] < rnr_delay + 10_000, "{sent_at:?}");
 }
+
+/// A Write with immediate refused at the responder (here an R_Key it never registered) fails at
+/// the requester and consumes the receive posted for its MSN, which completes with the same
+/// refusal: the stream's next message lands in the next receive instead of every later
+/// receive waiting for good behind one that nothing will fill.
+#[test]
+fn a_refused_write_with_immediate_ends_its_receive_and_the_stream_goes_on() {
+    let mut p = Pair::new();
+    for (id, at) in [(30u64, 0x1000u64), (31, 0x2000)] {
+        p.b.conn
+            .post_recv(RecvRequest {
+                id,
+                stream: 0,
+                addr: BASE + at,
+                len: 64,
+            })
+            .unwrap();
+    }
+    let wr = |id, op, rkey| WorkRequest {
+        id,
+        op,
+        stream: 0,
+        local_addr: BASE,
+        len: 32,
+        remote: RemoteAddr {
+            va: BASE + 0x4000,
+            rkey,
+        },
+    };
+    p.a.conn
+        .post(Instant::ZERO, wr(1, WrOp::WriteWithImm(5), 0x99))
+        .unwrap();
+    p.a.conn.post(Instant::ZERO, wr(2, WrOp::Send, 0)).unwrap();
+    p.settle();
+    let ca: Vec<(u64, Status)> = completions(&p.a.events)
+        .iter()
+        .map(|c| (c.id, c.status))
+        .collect();
+    assert_eq!(
+        ca,
+        [
+            (1, Status::Refused(NackReason::InvalidRkey)),
+            (2, Status::Success)
+        ]
+    );
+    let cb: Vec<(u64, Status, CompletionKind)> = completions(&p.b.events)
+        .iter()
+        .map(|c| (c.id, c.status, c.kind))
+        .collect();
+    assert_eq!(
+        cb,
+        [
+            (
+                30,
+                Status::Refused(NackReason::InvalidRkey),
+                CompletionKind::Recv
+            ),
+            (31, Status::Success, CompletionKind::Recv),
+        ]
+    );
+    assert!(p.b.mem[0x2000..0x2020] == p.a.mem[..32]);
+}

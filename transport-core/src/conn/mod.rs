@@ -216,8 +216,16 @@ pub struct Connection<
 impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: usize>
     Connection<P, W, S, Q, R>
 {
+    /// The rings are indexed by sequence numbers modulo their sizes, across the wrap of the
+    /// 24-bit PSN and the 32-bit MSN: only powers of two keep that consistent.
+    const SIZES_ARE_POWERS_OF_TWO: () = assert!(
+        W.is_power_of_two() && Q.is_power_of_two() && W <= 1 << 23,
+        "W and Q must be powers of two (W at most 2^23)"
+    );
+
     /// A connection in the connected state.
     pub fn new(mut cfg: Config) -> Self {
+        let () = Self::SIZES_ARE_POWERS_OF_TWO;
         cfg.paths = cfg.paths.clamp(1, P.min(256) as u8);
         cfg.window_per_path = cfg.window_per_path.clamp(1, PATH_RING as u32 - 1);
         cfg.mtu = cfg.mtu.max(1);

@@ -37,7 +37,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             return Err(DropReason::Duplicate);
         }
         let arrival = rx.sack.insert(PathSeq(data.path_seq));
-        rx.unacked += 1;
+        rx.unacked = rx.unacked.saturating_add(1);
         // What the ACK echoes (the timestamp, the CE marks) comes from new packets only: a
         // duplicate is what a forger can produce without guessing the window.
         let marked = ce && !duplicate;
@@ -92,11 +92,14 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 let addr =
                     match self.check_region(remote.rkey, remote.va, len, Access::REMOTE_WRITE) {
                         Ok(base) => base + u64::from(data.msg_offset),
+                        Err(reason) if bth.opcode == Opcode::MrWriteImm => {
+                            return self.refuse_message(bth.psn, path, &data, reason)
+                        }
                         Err(reason) => return self.refuse(bth.psn, path, &data, reason, true),
                     };
                 if bth.opcode == Opcode::MrWriteImm {
                     if let Err(reason) = self.receive_into(&data, payload_len, ext.immdt(), true) {
-                        return self.refuse_receive(bth.psn, path, &data, reason);
+                        return self.refuse_message(bth.psn, path, &data, reason);
                     }
                 }
                 Delivery::Place {
@@ -112,13 +115,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                         offset: payload_at,
                         len: payload_len,
                     },
-                    Err(reason) => {
-                        let refused = self.refuse_receive(bth.psn, path, &data, reason);
-                        if refused.is_ok() && reason == NackReason::MessageTooLong {
-                            self.consume_receive(&data, reason);
-                        }
-                        return refused;
-                    }
+                    Err(reason) => return self.refuse_message(bth.psn, path, &data, reason),
                 }
             }
             Opcode::MrReadRequest => {
@@ -235,6 +232,23 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         self.refuse(psn, path, data, reason, fatal)
     }
 
+    /// Refuses a packet of a Send or Write-with-immediate: as `refuse_receive`, and a refusal
+    /// for good also ends the receive posted for its MSN (`consume_receive`), since its
+    /// requester's message has failed and no more of it comes.
+    fn refuse_message(
+        &mut self,
+        psn: Psn,
+        path: PathId,
+        data: &MrDataRepr,
+        reason: NackReason,
+    ) -> Result<Delivery, DropReason> {
+        let refused = self.refuse_receive(psn, path, data, reason);
+        if refused.is_ok() && reason != NackReason::ReceiverNotReady {
+            self.consume_receive(data, reason);
+        }
+        refused
+    }
+
     /// Refuses a packet with a NACK. A fatal refusal consumes the PSN (nothing is placed, the
     /// connection goes on); a transient one leaves it to be sent again.
     pub(super) fn refuse(
@@ -296,9 +310,15 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         if !write_imm && data.msg_len > slot.cap {
             return Err(NackReason::MessageTooLong);
         }
-        if slot.started && slot.msg_len != data.msg_len {
+        if slot.started && (slot.msg_len != data.msg_len || slot.write_imm != write_imm) {
             return Err(NackReason::InvalidRequest);
         }
+        // Every byte of a message arrives once (a packet sent again keeps its PSN, and a
+        // duplicate PSN never gets here): more than the message holds is not the peer's.
+        let got = match slot.got.checked_add(payload_len as u32) {
+            Some(got) if got <= data.msg_len => got,
+            _ => return Err(NackReason::InvalidRequest),
+        };
         slot.started = true;
         slot.msg_len = data.msg_len;
         slot.write_imm = write_imm;
@@ -306,7 +326,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             slot.imm = imm;
         }
         let addr = slot.addr + u64::from(data.msg_offset);
-        slot.got += payload_len as u32;
+        slot.got = got;
         if slot.got == slot.msg_len {
             slot.done = true;
             self.complete_receives(usize::from(data.stream_id));
@@ -314,10 +334,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         Ok(addr)
     }
 
-    /// A Send refused as too long for the receive posted for its MSN consumes that receive, which
-    /// completes with the refusal (as a NIC completes it with a length error), so that the
-    /// stream's later receives complete in turn. A receive that some of a message already
-    /// reached keeps waiting for it.
+    /// A Send or Write-with-immediate refused for good (too long for the receive posted for its
+    /// MSN, inconsistent with what arrived of its message, a Write outside its grant) consumes
+    /// that receive, which completes with the refusal (as a NIC completes it with an error), so
+    /// that the stream's later receives complete in turn instead of waiting for good.
     fn consume_receive(&mut self, data: &MrDataRepr, reason: NackReason) {
         let stream = usize::from(data.stream_id);
         let s = &mut self.rx_streams[stream];
@@ -326,7 +346,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             return;
         }
         let slot = &mut s.slots[data.msn as usize % Q];
-        if slot.done || slot.started {
+        if slot.done {
             return;
         }
         slot.done = true;
