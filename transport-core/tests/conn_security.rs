@@ -1059,3 +1059,101 @@ fn a_refused_write_with_immediate_ends_its_receive_and_the_stream_goes_on() {
     );
     assert!(p.b.mem[0x2000..0x2020] == p.a.mem[..32]);
 }
+
+/// A runner that is handed an atomic and never reports its result (`atomic_result`): the atomic
+/// is refused (remote operational), and nothing else changes: every Write after it, past a
+/// whole window of PSNs, lands and completes once. (The refusal used to mark the atomic's PSN
+/// accepted a second time, after the cumulative PSN had passed it: the mark stood for the PSN a
+/// window later, which was then dropped as a duplicate and acknowledged without being placed.)
+#[test]
+fn an_atomic_its_runner_never_reports_is_refused_and_the_window_stays_sound() {
+    const W: u64 = 256; // the pair's window (common::Pair)
+    let mut p = Pair::new();
+    let len = p.b.mem.len() as u64;
+    p.b.conn
+        .register(Region {
+            key: KEY,
+            base: BASE,
+            len,
+            access: Access::REMOTE_ATOMIC.union(Access::REMOTE_WRITE),
+        })
+        .unwrap();
+    p.a.conn
+        .register(Region {
+            key: KEY,
+            base: BASE,
+            len,
+            access: Access::LOCAL_WRITE,
+        })
+        .unwrap();
+    for (i, b) in p.a.mem.iter_mut().enumerate() {
+        *b = (i * 11 + 7) as u8;
+    }
+    let remote = |at: u64| RemoteAddr {
+        va: BASE + at,
+        rkey: KEY,
+    };
+    p.a.conn
+        .post(
+            Instant::ZERO,
+            WorkRequest {
+                id: 1,
+                op: WrOp::FetchAdd(1),
+                stream: 0,
+                local_addr: BASE,
+                len: 8,
+                remote: remote(0),
+            },
+        )
+        .unwrap();
+    p.transmit();
+    let wire = std::mem::take(&mut p.wire);
+    assert_eq!(wire.len(), 1);
+    let (_, port, atomic) = &wire[0];
+    // B's runner takes the atomic and drops it: no apply, no atomic_result.
+    let d = p.b.conn.handle_datagram(p.now, *port, false, atomic);
+    assert!(matches!(d, Ok(Delivery::Atomic { .. })), "{d:?}");
+    // More than a window of 8-byte Writes after it, from 64 KiB on.
+    let writes = W + 64;
+    let (mut posted, mut done) = (0u64, 0u64);
+    let mut statuses = Vec::new();
+    for _ in 0..200 {
+        while posted < writes {
+            let wr = WorkRequest {
+                id: 100 + posted,
+                op: WrOp::Write,
+                stream: 1,
+                local_addr: BASE + 0x10000 + posted * 8,
+                len: 8,
+                remote: remote(0x10000 + posted * 8),
+            };
+            if p.a.conn.post(p.now, wr).is_err() {
+                break;
+            }
+            posted += 1;
+        }
+        p.settle();
+        for e in p.a.events.drain(..) {
+            if let Event::Completion(c) = e {
+                statuses.push((c.id, c.status));
+                done += 1;
+            }
+        }
+        if done == writes + 1 {
+            break;
+        }
+    }
+    assert_eq!(done, writes + 1, "every work request completes once");
+    assert!(statuses.contains(&(1, Status::Refused(NackReason::RemoteOperational))));
+    let writes_ok = statuses
+        .iter()
+        .filter(|&&(id, s)| id >= 100 && s == Status::Success)
+        .count() as u64;
+    assert_eq!(writes_ok, writes);
+    let at = 0x10000usize;
+    let n = (writes * 8) as usize;
+    assert!(
+        p.b.mem[at..at + n] == p.a.mem[at..at + n],
+        "a Write completed that never landed"
+    );
+}

@@ -88,8 +88,15 @@ proptest! {
             if taken {
                 prop_assert!(f.share(id).is_some(), "a sender just heard has a share");
             }
-            let total: u64 = (0..12).filter_map(|i| f.share(i)).map(u64::from).sum();
-            prop_assert!(total <= u64::from(capacity), "{} shared out of {}", total, capacity);
+            let shares: Vec<u64> = (0..12).filter_map(|i| f.share(i)).map(u64::from).collect();
+            let total: u64 = shares.iter().sum();
+            // Every share is at least 1 Mb/s (a hint of 0 means none): on a line of fewer Mb/s
+            // than senders, each gets that floor and no more.
+            let line = u64::from(capacity).max(shares.len() as u64);
+            prop_assert!(total <= line, "{} shared out of {}", total, capacity);
+            if u64::from(capacity) < shares.len() as u64 {
+                prop_assert!(shares.iter().all(|&s| s == 1), "{:?} of {}", shares, capacity);
+            }
         }
     }
 

@@ -178,7 +178,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 return Err(DropReason::UnsupportedOpcode);
             }
         };
-        self.accept(bth.psn);
+        // An atomic's PSN is accepted once its runner reports the result (`atomic_result`) or
+        // fails to (`abandon_atomic`): until then no ACK may cover it, since the requester
+        // takes a refusal of a PSN already acknowledged for a repeat.
+        if !matches!(delivery, Delivery::Atomic { .. }) {
+            self.accept(bth.psn);
+        }
         self.counters.data_received += 1;
         if let Delivery::Place { len, .. } = delivery {
             self.counters.bytes_placed += len as u64;
@@ -391,13 +396,15 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let Some(p) = self.pending_atomic.take() else {
             return;
         };
+        self.accept(p.psn);
         let mut m = TxMsg::response(MsgKind::AtomicResponse, p.stream, p.msn, 1);
         m.len = 8;
         m.atomic = AtomicOperands::Original(orig);
         self.push_response(m);
     }
 
-    /// An atomic the runner was asked to perform but never reported: refuse it.
+    /// An atomic the runner was asked to perform but never reported: refuse it (its PSN, not
+    /// accepted until now, is accepted with the refusal).
     pub(super) fn abandon_atomic(&mut self) {
         if let Some(p) = self.pending_atomic.take() {
             let data = MrDataRepr {
