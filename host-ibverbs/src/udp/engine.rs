@@ -141,6 +141,8 @@ pub(crate) struct Engine {
     pub local_ip: IpAddr,
     opts: SocketOptions,
     tx: HashMap<u16, TxSocket>,
+    /// Send sockets or stages beyond which `drop_unused_paths` runs.
+    tx_limit: usize,
     pub qps: HashMap<u32, QpState>,
     pub mems: Mems,
     pub counters: EngineCounters,
@@ -154,7 +156,8 @@ pub(crate) struct Engine {
     /// The path ports and destinations datagrams were staged for lately, the port each left
     /// from and its stage, by path port (direct-mapped, [`PATH_CACHE`] entries): a connection
     /// sprays consecutive packets over its paths, and each finds its socket and stage without
-    /// two hash lookups. Send sockets and stages are never removed, so entries do not go stale.
+    /// two hash lookups. Cleared whenever unused sockets and stages are dropped
+    /// (`drop_unused_paths`), so entries never name a stage that moved.
     path_cache: [Option<StagedPath>; PATH_CACHE],
     /// Stages holding datagrams, to be flushed.
     queued: Vec<usize>,
@@ -214,6 +217,7 @@ impl Engine {
             local_ip,
             opts,
             tx: HashMap::default(),
+            tx_limit: transmit::MIN_TX_LIMIT,
             qps: HashMap::default(),
             mems: Mems::new(),
             counters: EngineCounters::default(),
@@ -491,7 +495,9 @@ impl Engine {
     }
 
     /// What the engine holds: (send sockets, staging buffers, queue pairs, requests in flight,
-    /// regions). None of it grows with what arrives, only with what this end creates and posts.
+    /// regions). None of it grows with what arrives, only with what this end creates and posts;
+    /// the sockets and stages of path ports left behind by paths that moved (a peer can make
+    /// paths fail) are closed past twice those in use (`drop_unused_paths`).
     pub fn footprint(&self) -> [usize; 5] {
         [
             self.tx.len(),

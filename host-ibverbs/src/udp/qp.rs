@@ -239,6 +239,21 @@ impl QueuePair {
         })
     }
 
+    /// Moves every path of the connection to source port `first + i` (what a path failure
+    /// does, one new port each), for the tests of what the engine keeps per port.
+    #[cfg(test)]
+    pub(crate) fn move_paths(&self, first: u16) {
+        let qpn = self.inner.qpn;
+        self.inner.pd.ctx.with(|e| {
+            if let Some(conn) = e.qps.get_mut(&qpn).and_then(|q| q.conn.as_mut()) {
+                for i in 0..conn.config().paths {
+                    let path = transport_core::conn::PathId(i);
+                    conn.bind_path_port(path, first.wrapping_add(u16::from(i)));
+                }
+            }
+        })
+    }
+
     /// Whether everything posted has been acknowledged and nothing is left to send.
     pub fn is_idle(&self) -> bool {
         let qpn = self.inner.qpn;

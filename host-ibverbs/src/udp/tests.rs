@@ -830,3 +830,53 @@ fn forged_nacks_and_acks_for_every_psn_in_flight_change_nothing() {
     assert!(wa.iter().all(|w| w.status == Status::Success), "{wa:?}");
     assert_eq!(dst.to_vec(), data, "every byte landed");
 }
+
+/// Paths that keep moving to new source ports (as failed paths do, each failure a new port, and
+/// as a peer that keeps failing paths can make them) leave no send socket and no staging buffer
+/// behind for each port: the engine closes those of ports no path uses once they pass a bound,
+/// and every Write still lands.
+#[test]
+fn paths_that_keep_moving_leave_no_sockets_behind() {
+    // One packet a path at a time: every Write of 16 packets goes out on all eight paths.
+    let attr = QpAttr {
+        spray_burst: 1,
+        ..QpAttr::default()
+    };
+    let (a, qa, b, _qb) = pair(&attr);
+    let rw = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+    let src = a.pd.reg_mr(64 << 10, rw).unwrap();
+    let dst = b.pd.reg_mr(64 << 10, rw).unwrap();
+    let data = pattern(64 << 10, 5);
+    src.write(0, &data).unwrap();
+    let paths = usize::from(attr.paths);
+    let moves = 120u16;
+    let mut most = 0;
+    for g in 0..moves {
+        qa.move_paths(40_000 + g * paths as u16);
+        qa.post_send(&SendWr {
+            wr_id: u64::from(g),
+            op: WrOp::Write,
+            stream: 0,
+            local: src.sge(0, 64 << 10),
+            remote: dst.remote(0),
+        })
+        .unwrap();
+        let (wa, _) = pump(&a, &b, 1, 0);
+        assert_eq!(wa[0].status, Status::Success);
+        most = most.max(a.ctx.footprint()[0]);
+    }
+    assert!(dst.equals(0, &data).unwrap());
+    let [sockets, stages, ..] = a.ctx.footprint();
+    let dropped = a.ctx.counters().tx_paths_dropped;
+    assert!(
+        most <= 256 + paths && sockets <= 256 + paths && stages <= 256 + paths,
+        "{most} sockets at most, {sockets} and {stages} stages at the end, for {} ports used",
+        usize::from(moves) * paths
+    );
+    // Each port used had a socket and a stage; all but those kept were closed and freed.
+    assert_eq!(
+        dropped as usize,
+        2 * (usize::from(moves) * paths) - sockets - stages,
+        "{sockets} sockets and {stages} stages kept"
+    );
+}

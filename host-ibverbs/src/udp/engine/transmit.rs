@@ -59,6 +59,10 @@ pub(super) const PATH_CACHE: usize = 64;
 /// Messages per `sendmmsg` call.
 pub(super) const TX_BATCH: usize = 64;
 
+/// Send sockets (and stages) an engine keeps before it looks for unused ones
+/// (`Engine::drop_unused_paths`).
+pub(super) const MIN_TX_LIMIT: usize = 256;
+
 /// A path's send socket and the UDP source port its datagrams really carry.
 pub(super) struct TxSocket {
     /// None: nothing could be bound; the receive socket sends for the path.
@@ -127,6 +131,9 @@ impl Engine {
     /// Asks every connection for what it has to send, fills in payloads from memory, and sends
     /// it, one GSO call per path where consecutive datagrams allow.
     pub(super) fn transmit(&mut self, now: Instant) -> bool {
+        if self.tx.len() > self.tx_limit || self.stages.len() > self.tx_limit {
+            self.drop_unused_paths();
+        }
         let mut qpns = std::mem::take(&mut self.qpn_list);
         qpns.clear();
         qpns.extend(self.qps.keys().copied());
@@ -137,6 +144,39 @@ impl Engine {
         self.qpn_list = qpns;
         self.flush();
         sent
+    }
+
+    /// Closes the send sockets and frees the stages of path ports no connection uses any more: a
+    /// path that fails moves to a new port (a new ECMP route), and a peer that makes paths fail
+    /// again and again (or queue pairs that come and go) would otherwise leave a socket and a
+    /// 64 KiB stage behind each time, without bound. Runs when either count passes twice what
+    /// was in use at the last pass (at least [`MIN_TX_LIMIT`]), between rounds, when no stage
+    /// holds datagrams.
+    pub(super) fn drop_unused_paths(&mut self) {
+        if !self.queued.is_empty() {
+            return;
+        }
+        let mut in_use: Vec<u16> = self
+            .qps
+            .values()
+            .filter_map(|qp| qp.conn.as_ref())
+            .flat_map(|c| {
+                (0..c.config().paths)
+                    .filter_map(|i| Some(c.path_stats(transport_core::conn::PathId(i))?.src_port))
+            })
+            .collect();
+        in_use.sort_unstable();
+        let used = |port: &u16| in_use.binary_search(port).is_ok();
+        let before = self.tx.len() + self.stages.len();
+        self.tx.retain(|port, _| used(port));
+        self.stages.retain(|s| used(&s.key.0));
+        self.stage_of.clear();
+        for (i, s) in self.stages.iter().enumerate() {
+            self.stage_of.insert(s.key, i);
+        }
+        self.path_cache = [None; PATH_CACHE];
+        self.counters.tx_paths_dropped += (before - self.tx.len() - self.stages.len()) as u64;
+        self.tx_limit = (2 * self.tx.len().max(self.stages.len())).max(MIN_TX_LIMIT);
     }
 
     /// Sends at once what a queue pair can send, right after a post (a doorbell): an answer to

@@ -45,6 +45,9 @@ engine_counters! {
     tx_errors,
     /// Path source ports held by another process: the path went out from another free port.
     tx_port_fallback,
+    /// Send sockets and staging buffers of path ports no connection used any more (a failed
+    /// path moves to a new port), closed and freed.
+    tx_paths_dropped,
     /// Transmissions whose payload was not in a live region (a bug if ever non-zero).
     tx_bad_local,
     /// Datagrams received.
