@@ -1157,3 +1157,146 @@ fn an_atomic_its_runner_never_reports_is_refused_and_the_window_stays_sound() {
         "a Write completed that never landed"
     );
 }
+
+/// The NACK reasons B sent since the wire was last emptied.
+fn nack_reasons(p: &Pair) -> Vec<NackReason> {
+    p.wire
+        .iter()
+        .filter(|(to_b, _, _)| !*to_b)
+        .filter_map(
+            |(_, _, d)| match transport_core::wire::Datagram::parse(d).ok()?.ext {
+                Extensions::MrNack(n) => Some(n.reason),
+                _ => None,
+            },
+        )
+        .collect()
+}
+
+/// A Send too long for its receive, in three packets that arrive last first: every packet is
+/// refused as too long (not the first to arrive as too long and the others as invalid, once its
+/// receive is consumed), the receive completes with that refusal, and the next Send lands.
+#[test]
+fn every_packet_of_an_overlong_send_is_refused_with_the_same_reason() {
+    let mut p = Pair::new();
+    for (id, at, len) in [(40u64, 0x1000u64, 100u32), (41, 0x4000, 4000)] {
+        p.b.conn
+            .post_recv(RecvRequest {
+                id,
+                stream: 1,
+                addr: BASE + at,
+                len,
+            })
+            .unwrap();
+    }
+    let send = |id, len| WorkRequest {
+        id,
+        op: WrOp::Send,
+        stream: 1,
+        local_addr: BASE,
+        len,
+        remote: RemoteAddr::default(),
+    };
+    p.a.conn.post(Instant::ZERO, send(1, 3000)).unwrap();
+    p.transmit();
+    let mut first: Vec<(bool, u16, Vec<u8>)> = std::mem::take(&mut p.wire);
+    assert_eq!(first.len(), 3, "three packets of 1024 bytes at most");
+    first.reverse();
+    let mut reasons = Vec::new();
+    for (to_b, port, d) in first {
+        let _ = p.deliver(to_b, port, &d);
+        p.transmit();
+        reasons.extend(nack_reasons(&p));
+        // B's NACKs are held back here: only the reasons are looked at.
+        p.wire.retain(|(to_b, _, _)| *to_b);
+    }
+    assert!(
+        reasons.len() >= 3 && reasons.iter().all(|r| *r == NackReason::MessageTooLong),
+        "{reasons:?}"
+    );
+    p.a.conn.post(Instant::ZERO, send(2, 50)).unwrap();
+    p.settle();
+    let ca: Vec<(u64, Status)> = completions(&p.a.events)
+        .iter()
+        .map(|c| (c.id, c.status))
+        .collect();
+    assert_eq!(
+        ca,
+        [
+            (1, Status::Refused(NackReason::MessageTooLong)),
+            (2, Status::Success)
+        ]
+    );
+    let cb: Vec<(u64, Status, u32)> = completions(&p.b.events)
+        .iter()
+        .map(|c| (c.id, c.status, c.byte_len))
+        .collect();
+    assert_eq!(
+        cb,
+        [
+            (40, Status::Refused(NackReason::MessageTooLong), 0),
+            (41, Status::Success, 50)
+        ]
+    );
+}
+
+/// A Write with immediate with a bad R_Key that arrives before its receive is posted waits
+/// (receiver not ready) instead of being refused at once: refused then, it would spend an MSN
+/// that no receive stood for, and the receive posted for it later would never complete, nor any
+/// after it. Once the receive is posted, the Write is refused, its receive completes with the
+/// refusal, and the next message lands in the next receive.
+#[test]
+fn a_bad_write_with_immediate_before_its_receive_waits_for_it() {
+    let mut p = Pair::new();
+    let wr = |id, op, rkey| WorkRequest {
+        id,
+        op,
+        stream: 0,
+        local_addr: BASE,
+        len: 32,
+        remote: RemoteAddr {
+            va: BASE + 0x4000,
+            rkey,
+        },
+    };
+    p.a.conn
+        .post(Instant::ZERO, wr(1, WrOp::WriteWithImm(5), 0x99))
+        .unwrap();
+    p.transmit();
+    let early: Vec<(bool, u16, Vec<u8>)> = std::mem::take(&mut p.wire);
+    for (to_b, port, d) in &early {
+        let _ = p.deliver(*to_b, *port, d);
+    }
+    p.transmit();
+    assert_eq!(nack_reasons(&p), [NackReason::ReceiverNotReady]);
+    for (id, at) in [(50u64, 0x1000u64), (51, 0x2000)] {
+        p.b.conn
+            .post_recv(RecvRequest {
+                id,
+                stream: 0,
+                addr: BASE + at,
+                len: 64,
+            })
+            .unwrap();
+    }
+    p.a.conn.post(Instant::ZERO, wr(2, WrOp::Send, 0)).unwrap();
+    // The requester comes again after its receiver-not-ready wait.
+    for _ in 0..100 {
+        p.settle();
+        if completions(&p.b.events).len() >= 2 {
+            break;
+        }
+        p.now += 1_000_000;
+    }
+    let cb: Vec<(u64, Status)> = completions(&p.b.events)
+        .iter()
+        .map(|c| (c.id, c.status))
+        .collect();
+    assert_eq!(
+        cb,
+        [
+            (50, Status::Refused(NackReason::InvalidRkey)),
+            (51, Status::Success)
+        ]
+    );
+    assert!(p.b.mem[0x2000..0x2020] == p.a.mem[..32]);
+}

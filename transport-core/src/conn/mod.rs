@@ -310,6 +310,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 slots: [RecvSlot::default(); Q],
                 posted: 0,
                 completed: 0,
+                refused: None,
             }; S],
             nacks: [None; NACK_QUEUE],
             unverified_confirm: None,

@@ -89,6 +89,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     return self.refuse_invalid(bth.psn, path, &data);
                 };
                 let len = u64::from(data.msg_len);
+                // A Write with immediate needs its receive first: refused for good before one
+                // is posted, it would spend an MSN no receive then stood for.
+                if bth.opcode == Opcode::MrWriteImm {
+                    if let Err(reason) = self.receive_posted(&data) {
+                        return self.refuse_message(bth.psn, path, &data, reason);
+                    }
+                }
                 let addr =
                     match self.check_region(remote.rkey, remote.va, len, Access::REMOTE_WRITE) {
                         Ok(base) => base + u64::from(data.msg_offset),
@@ -290,6 +297,22 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
 
     /// Matches a Send or Write-with-immediate packet to the receive buffer posted for its MSN and
     /// returns where its payload goes.
+    /// Whether a receive is posted for the MSN of a Send or Write-with-immediate packet: receiver
+    /// not ready when none is yet; for one already completed, the refusal that consumed it (the
+    /// rest of a refused message's packets get the same reason), else invalid.
+    fn receive_posted(&self, data: &MrDataRepr) -> Result<(), NackReason> {
+        let s = &self.rx_streams[usize::from(data.stream_id)];
+        let ahead = data.msn.wrapping_sub(s.completed);
+        if ahead < s.posted.wrapping_sub(s.completed) {
+            return Ok(());
+        }
+        Err(match s.refused {
+            Some((msn, reason)) if msn == data.msn => reason,
+            _ if ahead < 1 << 31 => NackReason::ReceiverNotReady,
+            _ => NackReason::InvalidRequest,
+        })
+    }
+
     pub(super) fn receive_into(
         &mut self,
         data: &MrDataRepr,
@@ -297,20 +320,14 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         imm: Option<u32>,
         write_imm: bool,
     ) -> Result<u64, NackReason> {
+        self.receive_posted(data)?;
         let s = &mut self.rx_streams[usize::from(data.stream_id)];
-        let ahead = data.msn.wrapping_sub(s.completed);
-        if ahead >= s.posted.wrapping_sub(s.completed) {
-            return Err(if ahead < 1 << 31 {
-                NackReason::ReceiverNotReady
-            } else {
-                NackReason::InvalidRequest
-            });
-        }
         let slot = &mut s.slots[data.msn as usize % Q];
         if slot.done {
-            // Its message is whole (its completion may wait behind an earlier receive's, or for
-            // room in the event queue): a packet with a fresh PSN for it is not the peer's.
-            return Err(NackReason::InvalidRequest);
+            // Its message is whole, or was refused (its completion may wait behind an earlier
+            // receive's, or for room in the event queue): a packet with a fresh PSN for it is
+            // not the peer's, or belongs to the refused message.
+            return Err(slot.status.unwrap_or(NackReason::InvalidRequest));
         }
         if !write_imm && data.msg_len > slot.cap {
             return Err(NackReason::MessageTooLong);
@@ -357,6 +374,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         slot.done = true;
         slot.status = Some(reason);
         slot.msg_len = 0;
+        s.refused = Some((data.msn, reason));
         self.complete_receives(stream);
     }
 
@@ -397,6 +415,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             return;
         };
         self.accept(p.psn);
+        // The cumulative PSN moved now, not when the request arrived: say so at once (an ACK
+        // that left meanwhile stopped short of it).
+        self.acks.at_once(p.path.index());
+        self.control_dirty = true;
         let mut m = TxMsg::response(MsgKind::AtomicResponse, p.stream, p.msn, 1);
         m.len = 8;
         m.atomic = AtomicOperands::Original(orig);

@@ -301,6 +301,9 @@ pub(super) struct RxStream<const Q: usize> {
     pub(super) posted: u32,
     /// Receive buffers completed (the MSN of the oldest outstanding one).
     pub(super) completed: u32,
+    /// The last receive a refused message consumed (`consume_receive`): its MSN and the
+    /// refusal, given again to the rest of that message's packets.
+    pub(super) refused: Option<(u32, NackReason)>,
 }
 
 #[derive(Debug, Clone, Copy)]
