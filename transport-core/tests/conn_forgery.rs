@@ -874,8 +874,9 @@ fn a_forged_response_to_a_held_read_completes_nothing() {
 
 /// A receive whose message is whole but whose completion waits (behind an earlier receive of its
 /// stream, or for room in the event queue) is not open to more bytes: a Send packet with a fresh
-/// PSN naming its MSN, even on an unused path sequence of the peer's, is refused and places
-/// nothing, and the receive completes with the peer's own bytes.
+/// PSN naming its MSN, even on an unused path sequence of the peer's, is refused (the receive is
+/// whole, and the bytes would be more than its message holds: either check refuses it) and
+/// places nothing, and the receive completes with the peer's own bytes.
 #[test]
 fn a_send_for_a_receive_that_is_whole_but_not_yet_completed_is_refused() {
     use transport_core::conn::{RecvRequest, RemoteAddr, WrOp};
