@@ -38,6 +38,14 @@ fn write(id: u64, local: u64, len: u32, va: u64, rkey: u32) -> WorkRequest {
     }
 }
 
+/// Each completion's id and status, in order.
+fn outcomes(events: &[Event]) -> Vec<(u64, Status)> {
+    completions(events)
+        .iter()
+        .map(|c| (c.id, c.status))
+        .collect()
+}
+
 fn completions(events: &[Event]) -> Vec<transport_core::conn::Completion> {
     events
         .iter()
@@ -1031,10 +1039,7 @@ fn a_refused_write_with_immediate_ends_its_receive_and_the_stream_goes_on() {
         .unwrap();
     p.a.conn.post(Instant::ZERO, wr(2, WrOp::Send, 0)).unwrap();
     p.settle();
-    let ca: Vec<(u64, Status)> = completions(&p.a.events)
-        .iter()
-        .map(|c| (c.id, c.status))
-        .collect();
+    let ca = outcomes(&p.a.events);
     assert_eq!(
         ca,
         [
@@ -1215,10 +1220,7 @@ fn every_packet_of_an_overlong_send_is_refused_with_the_same_reason() {
     );
     p.a.conn.post(Instant::ZERO, send(2, 50)).unwrap();
     p.settle();
-    let ca: Vec<(u64, Status)> = completions(&p.a.events)
-        .iter()
-        .map(|c| (c.id, c.status))
-        .collect();
+    let ca = outcomes(&p.a.events);
     assert_eq!(
         ca,
         [
@@ -1287,10 +1289,7 @@ fn a_bad_write_with_immediate_before_its_receive_waits_for_it() {
         }
         p.now += 1_000_000;
     }
-    let cb: Vec<(u64, Status)> = completions(&p.b.events)
-        .iter()
-        .map(|c| (c.id, c.status))
-        .collect();
+    let cb = outcomes(&p.b.events);
     assert_eq!(
         cb,
         [

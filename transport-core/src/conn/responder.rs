@@ -135,7 +135,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     Err(reason) => return self.refuse(bth.psn, path, &data, reason, true),
                 };
                 if self.msgs.is_full() {
-                    return self.refuse_receive(bth.psn, path, &data, NackReason::ReceiverNotReady);
+                    return self.refuse(bth.psn, path, &data, NackReason::ReceiverNotReady, false);
                 }
                 let npkts = data.msg_len.div_ceil(self.cfg.mtu).max(1);
                 let mut m = TxMsg::response(MsgKind::ReadResponse, data.stream_id, data.msn, npkts);
@@ -160,7 +160,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 // them): one that overtook an earlier packet on another path waits, answered
                 // receiver-not-ready, and comes again.
                 if offset_psn != 0 || self.msgs.is_full() {
-                    return self.refuse_receive(bth.psn, path, &data, NackReason::ReceiverNotReady);
+                    return self.refuse(bth.psn, path, &data, NackReason::ReceiverNotReady, false);
                 }
                 self.pending_atomic = Some(PendingAtomic {
                     stream: data.stream_id,
@@ -231,22 +231,10 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         self.refuse(psn, path, data, NackReason::InvalidRequest, true)
     }
 
-    /// Refuses a Send or Write-with-immediate that found no usable receive buffer: waiting for
-    /// one is transient, anything else is fatal.
-    pub(super) fn refuse_receive(
-        &mut self,
-        psn: Psn,
-        path: PathId,
-        data: &MrDataRepr,
-        reason: NackReason,
-    ) -> Result<Delivery, DropReason> {
-        let fatal = reason != NackReason::ReceiverNotReady;
-        self.refuse(psn, path, data, reason, fatal)
-    }
-
-    /// Refuses a packet of a Send or Write-with-immediate: as `refuse_receive`, and a refusal
-    /// for good also ends the receive posted for its MSN (`consume_receive`), since its
-    /// requester's message has failed and no more of it comes.
+    /// Refuses a packet of a Send or Write-with-immediate: waiting for a receive buffer
+    /// (receiver not ready) is transient; anything else is for good, and also ends the receive
+    /// posted for its MSN (`consume_receive`), since its requester's message has failed and no
+    /// more of it comes.
     fn refuse_message(
         &mut self,
         psn: Psn,
@@ -254,8 +242,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         data: &MrDataRepr,
         reason: NackReason,
     ) -> Result<Delivery, DropReason> {
-        let refused = self.refuse_receive(psn, path, data, reason);
-        if refused.is_ok() && reason != NackReason::ReceiverNotReady {
+        let fatal = reason != NackReason::ReceiverNotReady;
+        let refused = self.refuse(psn, path, data, reason, fatal);
+        if refused.is_ok() && fatal {
             self.consume_receive(data, reason);
         }
         refused
