@@ -401,7 +401,10 @@ fn client(cfg: &PerfConfig, a: &PerfArgs) -> ExitCode {
             if reports.iter().all(Report::verified) {
                 ExitCode::SUCCESS
             } else {
-                eprintln!("metaroce: data verification FAILED");
+                match reports.iter().find_map(Report::why) {
+                    Some(why) => eprintln!("metaroce: data verification FAILED: {why}"),
+                    None => eprintln!("metaroce: data verification FAILED"),
+                }
                 ExitCode::from(1)
             }
         }
@@ -454,14 +457,18 @@ fn server(cfg: &PerfConfig, json: bool) -> ExitCode {
             }
         };
         eprintln!(
-            "served {} ({} phase(s)), {} bytes checked, verified: {}",
+            "served {} ({} phase(s)), {} bytes checked, verified: {}{}",
             served.test.name(),
             served.phases,
             served.bytes_checked,
-            served.verified
+            served.verified,
+            served
+                .why
+                .as_deref()
+                .map_or(String::new(), |w| format!(" ({w})"))
         );
         if json {
-            let v = serde_json::json!({
+            let mut v = serde_json::json!({
                 "role": "server",
                 "test": served.test.name(),
                 "phases": served.phases,
@@ -469,6 +476,9 @@ fn server(cfg: &PerfConfig, json: bool) -> ExitCode {
                 "bytes_checked": served.bytes_checked,
                 "stats": served.stats,
             });
+            if let Some(w) = &served.why {
+                v["verify_error"] = serde_json::json!(w);
+            }
             println!("{v}");
         }
         if cfg.once {

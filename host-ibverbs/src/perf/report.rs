@@ -14,6 +14,14 @@ pub enum Report {
 impl Report {
     /// The JSON object with the documented keys.
     pub fn to_json(&self, test: Test) -> serde_json::Value {
+        let mut v = self.to_json_fields(test);
+        if let Some(why) = self.why() {
+            v["verify_error"] = json!(why);
+        }
+        v
+    }
+
+    fn to_json_fields(&self, test: Test) -> serde_json::Value {
         match self {
             Report::Bw(r) => json!({
                 "test": test.name(),
@@ -62,6 +70,14 @@ impl Report {
                 }
                 v
             }
+        }
+    }
+
+    /// What the first failed check found, when one failed.
+    pub fn why(&self) -> Option<&str> {
+        match self {
+            Report::Bw(r) => r.why.as_deref(),
+            Report::Lat(r) => r.why.as_deref(),
         }
     }
 

@@ -17,6 +17,8 @@ mod server;
 use bw::*;
 use lat::*;
 pub(super) use server::server_phase;
+#[cfg(test)]
+pub(super) use server::SPOIL_SIZE;
 
 /// Results of a bandwidth phase.
 #[derive(Debug, Clone, Default)]
@@ -38,6 +40,8 @@ pub struct BwResult {
     /// Whether every byte was verified equal (by the server for Writes and Sends, by the
     /// client for Reads).
     pub verified: bool,
+    /// What the first failed check found, when one failed.
+    pub why: Option<String>,
     /// Packets sent again to repair a loss (or a spurious timeout), all connections.
     pub retransmits: u64,
     /// Packets sent again because the peer had no receive buffer ready (not losses), all
@@ -104,6 +108,7 @@ impl BwResult {
             bw_avg_gbps: avg,
             msg_rate_mpps: iterations as f64 / seconds / 1e6,
             verified: !parts.is_empty() && parts.iter().all(|p| p.verified),
+            why: parts.iter().find_map(|p| p.why.clone()),
             retransmits: parts.iter().map(|p| p.retransmits).sum(),
             rnr_retries: parts.iter().map(|p| p.rnr_retries).sum(),
             ecn_marks_echoed: parts.iter().map(|p| p.ecn_marks_echoed).sum(),
@@ -144,6 +149,8 @@ pub struct LatResult {
     pub t_stdev_us: f64,
     /// Whether every byte was right.
     pub verified: bool,
+    /// What the first failed check found, when one failed.
+    pub why: Option<String>,
     /// Every sample in the order measured (microseconds, as the figures above), when asked for
     /// (`PerfConfig::samples`); empty otherwise.
     pub samples_us: Vec<f64>,
@@ -307,7 +314,7 @@ impl Expected {
     }
 
     /// The pattern of connection `q`'s slot `slot`.
-    fn of(&mut self, q: usize, slot: usize) -> &[u8] {
+    pub(super) fn of(&mut self, q: usize, slot: usize) -> &[u8] {
         let (seed, size) = (self.seed, self.size);
         if !self.made.contains_key(&(q, slot)) && self.room < size {
             self.scratch.resize(size, 0);
@@ -544,16 +551,27 @@ pub(super) fn client_phase(
         chan.send(&Message::new("done").with("counts", counts_s))?;
         let result = next_message(ep, chan, super::PHASE_GAP)?;
         let server_ok = result.get::<u8>("verified")? == 1;
+        let server_why = result.text("why").ok().map(|w| format!("the server: {w}"));
         if cfg.test.is_atomic() {
             r.verified &= server_ok;
         } else if cfg.test == Test::ReadBw {
             let mut expected = Expected::new(server_seed(seed), size);
-            r.verified = counts.iter().enumerate().all(|(q, &c)| {
+            let bad = counts.iter().enumerate().find_map(|(q, &c)| {
                 (0..slots.min(c as usize))
-                    .all(|s| matches(&bufs.dst[q], s * size, &mut expected, q, s))
-            }) && server_ok;
+                    .find(|&s| !matches(&bufs.dst[q], s * size, &mut expected, q, s))
+                    .map(|s| (q, s))
+            });
+            if let Some((q, s)) = bad {
+                r.why = Some(format!(
+                    "connection {q}: the bytes Read into slot {s} differ from the server's"
+                ));
+            }
+            r.verified = bad.is_none() && server_ok;
         } else {
             r.verified = server_ok;
+        }
+        if !server_ok && r.why.is_none() {
+            r.why = server_why.or(Some("the server found a byte or a count wrong".into()));
         }
         return Ok(Report::Bw(r));
     };
@@ -563,6 +581,12 @@ pub(super) fn client_phase(
     Ok(match report {
         Report::Lat(mut l) => {
             l.verified &= server_ok;
+            if !server_ok && l.why.is_none() {
+                l.why = Some(result.text("why").map_or_else(
+                    |_| "the server found a byte or a count wrong".into(),
+                    |w| format!("the server: {w}"),
+                ));
+            }
             Report::Lat(l)
         }
         other => other,

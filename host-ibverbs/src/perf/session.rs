@@ -143,6 +143,8 @@ pub struct Served {
     pub phases: u32,
     /// Whether everything the server checked was right.
     pub verified: bool,
+    /// What the first failed check found, when one failed.
+    pub why: Option<String>,
     /// Bytes the server checked.
     pub bytes_checked: u64,
     /// The server's counters at the end (`metaroce stats --json` format).
@@ -157,6 +159,7 @@ impl Served {
             test: parts[0].test,
             phases: parts.iter().map(|p| p.phases).max().unwrap_or(0),
             verified: parts.iter().all(|p| p.verified),
+            why: parts.iter().find_map(|p| p.why.clone()),
             bytes_checked: parts.iter().map(|p| p.bytes_checked).sum(),
             stats: parts[0].stats.clone(),
         };
@@ -400,6 +403,7 @@ pub(super) fn serve_channel(
         test: mine.test,
         phases: 0,
         verified: true,
+        why: None,
         bytes_checked: 0,
         stats: serde_json::Value::Null,
     };
@@ -407,9 +411,10 @@ pub(super) fn serve_channel(
         let m = run::next_message(&ep, chan, PHASE_GAP)?;
         match m.verb.as_str() {
             "go" => {
-                let (ok, bytes) = run::server_phase(mine, &ep, chan, &m)?;
+                let (ok, bytes, why) = run::server_phase(mine, &ep, chan, &m)?;
                 served.phases += 1;
                 served.verified &= ok;
+                served.why = served.why.take().or(why);
                 served.bytes_checked += bytes;
             }
             "bye" => {

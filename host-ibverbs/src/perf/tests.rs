@@ -729,3 +729,31 @@ fn timed_runs_share_one_mebibyte_of_slots() {
     assert_eq!(slots_for(65_536, 100, 4, false), 100);
     assert_eq!(slots_for(65_536, 100_000, 4, false), 256);
 }
+
+/// A check that fails says what it found, at both ends: the server's report (and its JSON) and
+/// the client's, through the result message. (The server spoils one byte of the first message
+/// of an unusual size, `SPOIL_SIZE`.)
+#[test]
+fn a_failed_check_says_what_it_found() {
+    use super::run::SPOIL_SIZE;
+    const SIZE: usize = 4321;
+    SPOIL_SIZE.store(SIZE, std::sync::atomic::Ordering::Relaxed);
+    let mut cfg = PerfConfig::new(Test::SendBw);
+    cfg.size = SIZE;
+    cfg.iters = 20;
+    let (reports, served) = run_pair(cfg);
+    let Report::Bw(r) = &reports[0] else { panic!() };
+    assert!(!r.verified && !served.verified);
+    let why = served.why.as_deref().expect("the server says why");
+    assert!(
+        why.contains("connection 0, stream 0: message 0 of 4321 bytes"),
+        "{why}"
+    );
+    let client_why = reports[0].why().expect("the client says why");
+    assert_eq!(client_why, format!("the server: {why}"));
+    let json = reports[0].to_json(Test::SendBw);
+    assert_eq!(json["verify_error"], client_why);
+    assert_eq!(json["verified"], false);
+    // Every other message was right: only the one spoiled byte failed.
+    assert_eq!(served.bytes_checked, 20 * SIZE as u64);
+}

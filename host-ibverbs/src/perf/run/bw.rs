@@ -144,6 +144,9 @@ pub(super) fn client_bw(
             msg_rate_mpps: iterations as f64 / secs / 1e6,
             // For atomics, what this end saw; the caller adds the peer's word.
             verified: cfg.test.is_atomic() && atomics_ok,
+            why: (cfg.test.is_atomic() && !atomics_ok).then(|| {
+                "an atomic's original value was not the number of atomics before it".into()
+            }),
             retransmits: 0,
             rnr_retries: 0,
             ecn_marks_echoed: 0,

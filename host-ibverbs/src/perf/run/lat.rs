@@ -35,6 +35,7 @@ pub(super) fn client_lat(
     let mut expected = Expected::new(sseed, size);
     let mut samples = Vec::with_capacity(cfg.iters as usize);
     let mut verified = true;
+    let mut why: Option<String> = None;
     let mut wcs = Vec::new();
     let mut outstanding_sends = 0u64;
     let mut watch = Watch::new();
@@ -76,13 +77,20 @@ pub(super) fn client_lat(
                     CompletionKind::Recv | CompletionKind::RecvWriteImm => {
                         hit = Some(t0.elapsed());
                         let b = wc.wr_id as usize;
-                        if cfg.test == Test::WriteLat {
-                            verified &= wc.imm == Some(i as u32)
-                                && matches(&bufs.dst[0], slot * size, &mut expected, 0, slot);
+                        let good = if cfg.test == Test::WriteLat {
+                            wc.imm == Some(i as u32)
+                                && matches(&bufs.dst[0], slot * size, &mut expected, 0, slot)
                         } else {
-                            verified &= wc.byte_len as usize == size
-                                && matches(&rbuf, b * size, &mut expected, 0, slot);
+                            wc.byte_len as usize == size
+                                && matches(&rbuf, b * size, &mut expected, 0, slot)
+                        };
+                        if !good && why.is_none() {
+                            why = Some(format!(
+                                "answer {i}: {} bytes, immediate {:?}, or its bytes differ",
+                                wc.byte_len, wc.imm
+                            ));
                         }
+                        verified &= good;
                         if budget.take() {
                             ep.post_recv(0, b as u64, 0, &rbuf, b * size, size)?;
                         }
@@ -91,11 +99,19 @@ pub(super) fn client_lat(
                         hit = Some(t0.elapsed());
                         // The i-th atomic on the word found i.
                         let mut got = [0u8; 8];
-                        verified &= atomic_found(&bufs.dst[0], slot * size, &mut got) == Some(i);
+                        let found = atomic_found(&bufs.dst[0], slot * size, &mut got);
+                        if found != Some(i) && why.is_none() {
+                            why = Some(format!("atomic {i} found {found:?}, not {i}"));
+                        }
+                        verified &= found == Some(i);
                     }
                     CompletionKind::Read => {
                         hit = Some(t0.elapsed());
-                        verified &= matches(&bufs.dst[0], slot * size, &mut expected, 0, slot);
+                        let good = matches(&bufs.dst[0], slot * size, &mut expected, 0, slot);
+                        if !good && why.is_none() {
+                            why = Some(format!("Read {i}: its bytes differ from the server's"));
+                        }
+                        verified &= good;
                     }
                     _ => outstanding_sends -= 1,
                 }
@@ -144,6 +160,7 @@ pub(super) fn client_lat(
     };
     let mut r = lat_stats(size, &mut samples, verified);
     r.samples_us = in_order;
+    r.why = why;
     Ok(r)
 }
 
@@ -170,6 +187,7 @@ pub(super) fn lat_stats(size: usize, samples: &mut [f64], verified: bool) -> Lat
         t_max_us: samples.last().copied().unwrap_or(0.0),
         t_stdev_us: var.sqrt(),
         verified,
+        why: None,
         samples_us: Vec::new(),
     }
 }

@@ -2,14 +2,20 @@
 
 use super::*;
 
-/// The server's side of one phase; returns whether everything it checked was right and how
-/// many bytes it checked.
+/// A send-bw server spoils one byte of the first message of this size before checking it (tests
+/// of what a failed check reports; no other test uses the size).
+#[cfg(test)]
+pub(in crate::perf) static SPOIL_SIZE: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+/// The server's side of one phase; returns whether everything it checked was right, how many
+/// bytes it checked, and what the first failed check found.
 pub(in crate::perf) fn server_phase(
     cfg: &PerfConfig,
     ep: &Endpoint,
     chan: &mut Channel,
     go: &Message,
-) -> Result<(bool, u64), PerfError> {
+) -> Result<(bool, u64, Option<String>), PerfError> {
     let size: usize = go.get("size")?;
     let iters: u64 = go.get("iters")?;
     let slots: usize = go.get("slots")?;
@@ -86,6 +92,8 @@ pub(in crate::perf) fn server_phase(
         cfg.publish_stats,
     );
     let mut ok = true;
+    // What the first failed check found.
+    let mut why: Option<String> = None;
     let mut checked = 0u64;
     let mut expected = Expected::new(seed, size);
     let mut per_stream = vec![[0u64; STREAMS]; q];
@@ -121,8 +129,23 @@ pub(in crate::perf) fn server_phase(
                     per_stream[i][s] += 1;
                     received[i] += 1;
                     let slot = (m % slots as u64) as usize;
-                    ok &= wc.byte_len as usize == size
+                    #[cfg(test)]
+                    if size == SPOIL_SIZE.load(std::sync::atomic::Ordering::Relaxed) && m == 0 {
+                        let want = expected.of(i, slot)[size / 2];
+                        rbufs[i].write(b * size + size / 2, &[!want])?;
+                    }
+                    let good = wc.byte_len as usize == size
                         && matches(&rbufs[i], b * size, &mut expected, i, slot);
+                    if !good {
+                        fail(&mut why, || {
+                            format!(
+                                "connection {i}, stream {s}: message {m} of {} bytes in receive \
+                                 {b} is not the {size} bytes sent",
+                                wc.byte_len
+                            )
+                        });
+                    }
+                    ok &= good;
                     checked += size as u64;
                     if budgets[i][s].take() {
                         ep.post_recv(i, wc.wr_id, wc.stream, &rbufs[i], b * size, size)?;
@@ -144,13 +167,22 @@ pub(in crate::perf) fn server_phase(
                     };
                     let id = wr_id(i, 1 << 40 | n);
                     post_one(ep, i, id, op, &bufs.src[i], slot * size, size, remote)?;
-                    ok &= if cfg.test == Test::WriteLat {
+                    let good = if cfg.test == Test::WriteLat {
                         wc.imm == Some(n as u32)
                             && matches(&bufs.dst[i], slot * size, &mut expected, i, slot)
                     } else {
                         wc.byte_len as usize == size
                             && matches(&rbufs[i], b * size, &mut expected, i, slot)
                     };
+                    if !good {
+                        fail(&mut why, || {
+                            format!(
+                                "ping {n}: {} bytes, immediate {:?}, or its bytes differ",
+                                wc.byte_len, wc.imm
+                            )
+                        });
+                    }
+                    ok &= good;
                     checked += size as u64;
                     if budgets[i][0].take() {
                         ep.post_recv(i, wc.wr_id, 0, &rbufs[i], b * size, size)?;
@@ -209,20 +241,37 @@ pub(in crate::perf) fn server_phase(
                         && received.iter().zip(counts).any(|(r, c)| r != c))
                 {
                     ok = false;
+                    fail(&mut why, || {
+                        format!("messages received {received:?}, the client sent {counts:?}")
+                    });
                 }
                 if cfg.test.is_atomic() {
                     // Each connection's word was incremented once per atomic (atomic-lat runs
                     // on the first connection only).
                     let mut got = [0u8; 8];
                     for (i, &c) in counts.iter().enumerate().take(q) {
-                        ok &= atomic_found(&bufs.dst[i], 0, &mut got) == Some(c);
+                        let found = atomic_found(&bufs.dst[i], 0, &mut got);
+                        if found != Some(c) {
+                            fail(&mut why, || {
+                                format!(
+                                    "connection {i}: the word holds {found:?} after {c} atomics"
+                                )
+                            });
+                        }
+                        ok &= found == Some(c);
                         checked += 8;
                     }
                 }
                 if cfg.test == Test::WriteBw {
                     for (i, &c) in counts.iter().enumerate().take(q) {
                         for s in 0..slots.min(c as usize) {
-                            ok &= matches(&bufs.dst[i], s * size, &mut expected, i, s);
+                            let good = matches(&bufs.dst[i], s * size, &mut expected, i, s);
+                            if !good {
+                                fail(&mut why, || {
+                                    format!("connection {i}: the bytes written to slot {s} differ")
+                                });
+                            }
+                            ok &= good;
                             checked += size as u64;
                         }
                     }
@@ -231,10 +280,19 @@ pub(in crate::perf) fn server_phase(
             }
         }
     }
-    chan.send(
-        &Message::new("result")
-            .with("verified", u8::from(ok))
-            .with("checked", checked),
-    )?;
-    Ok((ok, checked))
+    let mut result = Message::new("result")
+        .with("verified", u8::from(ok))
+        .with("checked", checked);
+    if let Some(w) = &why {
+        result = result.with("why", w);
+    }
+    chan.send(&result)?;
+    Ok((ok, checked, why))
+}
+
+/// Keeps what a failed check found, unless an earlier one failed first.
+fn fail(why: &mut Option<String>, what: impl FnOnce() -> String) {
+    if why.is_none() {
+        *why = Some(what());
+    }
 }
