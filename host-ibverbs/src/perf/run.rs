@@ -332,6 +332,26 @@ impl Expected {
 }
 
 /// Whether `mr` holds connection `q`'s slot `slot` at `offset`.
+/// Keeps what a failed check found, unless an earlier one failed first (`why` stays `None`
+/// while every check passes).
+pub(super) fn note_failure(why: &mut Option<String>, good: bool, what: impl FnOnce() -> String) {
+    if !good && why.is_none() {
+        *why = Some(what());
+    }
+}
+
+/// The server's verdict in its result message: `None` when everything it checked was right,
+/// else what its first failed check found.
+fn server_failure(result: &Message) -> Result<Option<String>, PerfError> {
+    if result.get::<u8>("verified")? == 1 {
+        return Ok(None);
+    }
+    Ok(Some(result.text("why").map_or_else(
+        |_| "the server found a byte or a count wrong".into(),
+        |w| format!("the server: {w}"),
+    )))
+}
+
 fn matches(mr: &Mr, offset: usize, expected: &mut Expected, q: usize, slot: usize) -> bool {
     mr.equals(offset, expected.of(q, slot))
 }
@@ -550,10 +570,9 @@ pub(super) fn client_phase(
             .join(",");
         chan.send(&Message::new("done").with("counts", counts_s))?;
         let result = next_message(ep, chan, super::PHASE_GAP)?;
-        let server_ok = result.get::<u8>("verified")? == 1;
-        let server_why = result.text("why").ok().map(|w| format!("the server: {w}"));
+        let server = server_failure(&result)?;
         if cfg.test.is_atomic() {
-            r.verified &= server_ok;
+            r.verified &= server.is_none();
         } else if cfg.test == Test::ReadBw {
             let mut expected = Expected::new(server_seed(seed), size);
             let bad = counts.iter().enumerate().find_map(|(q, &c)| {
@@ -566,27 +585,20 @@ pub(super) fn client_phase(
                     "connection {q}: the bytes Read into slot {s} differ from the server's"
                 ));
             }
-            r.verified = bad.is_none() && server_ok;
+            r.verified = bad.is_none() && server.is_none();
         } else {
-            r.verified = server_ok;
+            r.verified = server.is_none();
         }
-        if !server_ok && r.why.is_none() {
-            r.why = server_why.or(Some("the server found a byte or a count wrong".into()));
-        }
+        r.why = r.why.take().or(server);
         return Ok(Report::Bw(r));
     };
     chan.send(&Message::new("done").with("counts", cfg.iters))?;
     let result = next_message(ep, chan, super::PHASE_GAP)?;
-    let server_ok = result.get::<u8>("verified")? == 1;
+    let server = server_failure(&result)?;
     Ok(match report {
         Report::Lat(mut l) => {
-            l.verified &= server_ok;
-            if !server_ok && l.why.is_none() {
-                l.why = Some(result.text("why").map_or_else(
-                    |_| "the server found a byte or a count wrong".into(),
-                    |w| format!("the server: {w}"),
-                ));
-            }
+            l.verified &= server.is_none();
+            l.why = l.why.take().or(server);
             Report::Lat(l)
         }
         other => other,

@@ -411,9 +411,9 @@ pub(super) fn serve_channel(
         let m = run::next_message(&ep, chan, PHASE_GAP)?;
         match m.verb.as_str() {
             "go" => {
-                let (ok, bytes, why) = run::server_phase(mine, &ep, chan, &m)?;
+                let (bytes, why) = run::server_phase(mine, &ep, chan, &m)?;
                 served.phases += 1;
-                served.verified &= ok;
+                served.verified &= why.is_none();
                 served.why = served.why.take().or(why);
                 served.bytes_checked += bytes;
             }

@@ -284,8 +284,6 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         Ok(Delivery::Nothing)
     }
 
-    /// Matches a Send or Write-with-immediate packet to the receive buffer posted for its MSN and
-    /// returns where its payload goes.
     /// Whether a receive is posted for the MSN of a Send or Write-with-immediate packet: receiver
     /// not ready when none is yet; for one already completed, the refusal that consumed it (the
     /// rest of a refused message's packets get the same reason), else invalid.
@@ -302,6 +300,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         })
     }
 
+    /// Matches a Send or Write-with-immediate packet to the receive buffer posted for its MSN and
+    /// returns where its payload goes.
     pub(super) fn receive_into(
         &mut self,
         data: &MrDataRepr,
@@ -350,12 +350,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// that receive, which completes with the refusal (as a NIC completes it with an error), so
     /// that the stream's later receives complete in turn instead of waiting for good.
     fn consume_receive(&mut self, data: &MrDataRepr, reason: NackReason) {
-        let stream = usize::from(data.stream_id);
-        let s = &mut self.rx_streams[stream];
-        let ahead = data.msn.wrapping_sub(s.completed);
-        if ahead >= s.posted.wrapping_sub(s.completed) {
+        if self.receive_posted(data).is_err() {
             return;
         }
+        let stream = usize::from(data.stream_id);
+        let s = &mut self.rx_streams[stream];
         let slot = &mut s.slots[data.msn as usize % Q];
         if slot.done {
             return;

@@ -34,7 +34,7 @@ pub(super) fn client_lat(
     let sseed = server_seed(seed);
     let mut expected = Expected::new(sseed, size);
     let mut samples = Vec::with_capacity(cfg.iters as usize);
-    let mut verified = true;
+    // What the first failed check found (none: every byte verified).
     let mut why: Option<String> = None;
     let mut wcs = Vec::new();
     let mut outstanding_sends = 0u64;
@@ -84,13 +84,12 @@ pub(super) fn client_lat(
                             wc.byte_len as usize == size
                                 && matches(&rbuf, b * size, &mut expected, 0, slot)
                         };
-                        if !good && why.is_none() {
-                            why = Some(format!(
+                        note_failure(&mut why, good, || {
+                            format!(
                                 "answer {i}: {} bytes, immediate {:?}, or its bytes differ",
                                 wc.byte_len, wc.imm
-                            ));
-                        }
-                        verified &= good;
+                            )
+                        });
                         if budget.take() {
                             ep.post_recv(0, b as u64, 0, &rbuf, b * size, size)?;
                         }
@@ -100,18 +99,16 @@ pub(super) fn client_lat(
                         // The i-th atomic on the word found i.
                         let mut got = [0u8; 8];
                         let found = atomic_found(&bufs.dst[0], slot * size, &mut got);
-                        if found != Some(i) && why.is_none() {
-                            why = Some(format!("atomic {i} found {found:?}, not {i}"));
-                        }
-                        verified &= found == Some(i);
+                        note_failure(&mut why, found == Some(i), || {
+                            format!("atomic {i} found {found:?}, not {i}")
+                        });
                     }
                     CompletionKind::Read => {
                         hit = Some(t0.elapsed());
                         let good = matches(&bufs.dst[0], slot * size, &mut expected, 0, slot);
-                        if !good && why.is_none() {
-                            why = Some(format!("Read {i}: its bytes differ from the server's"));
-                        }
-                        verified &= good;
+                        note_failure(&mut why, good, || {
+                            format!("Read {i}: its bytes differ from the server's")
+                        });
                     }
                     _ => outstanding_sends -= 1,
                 }
@@ -158,7 +155,7 @@ pub(super) fn client_lat(
     } else {
         Vec::new()
     };
-    let mut r = lat_stats(size, &mut samples, verified);
+    let mut r = lat_stats(size, &mut samples, why.is_none());
     r.samples_us = in_order;
     r.why = why;
     Ok(r)

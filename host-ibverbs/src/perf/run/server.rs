@@ -8,14 +8,14 @@ use super::*;
 pub(in crate::perf) static SPOIL_SIZE: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(0);
 
-/// The server's side of one phase; returns whether everything it checked was right, how many
-/// bytes it checked, and what the first failed check found.
+/// The server's side of one phase; returns how many bytes it checked and what its first failed
+/// check found (none: everything it checked was right).
 pub(in crate::perf) fn server_phase(
     cfg: &PerfConfig,
     ep: &Endpoint,
     chan: &mut Channel,
     go: &Message,
-) -> Result<(bool, u64, Option<String>), PerfError> {
+) -> Result<(u64, Option<String>), PerfError> {
     let size: usize = go.get("size")?;
     let iters: u64 = go.get("iters")?;
     let slots: usize = go.get("slots")?;
@@ -91,8 +91,7 @@ pub(in crate::perf) fn server_phase(
         format!("metaroce {} server", cfg.test.name()),
         cfg.publish_stats,
     );
-    let mut ok = true;
-    // What the first failed check found.
+    // What the first failed check found (none: everything checked was right).
     let mut why: Option<String> = None;
     let mut checked = 0u64;
     let mut expected = Expected::new(seed, size);
@@ -136,16 +135,13 @@ pub(in crate::perf) fn server_phase(
                     }
                     let good = wc.byte_len as usize == size
                         && matches(&rbufs[i], b * size, &mut expected, i, slot);
-                    if !good {
-                        fail(&mut why, || {
-                            format!(
-                                "connection {i}, stream {s}: message {m} of {} bytes in receive \
+                    note_failure(&mut why, good, || {
+                        format!(
+                            "connection {i}, stream {s}: message {m} of {} bytes in receive \
                                  {b} is not the {size} bytes sent",
-                                wc.byte_len
-                            )
-                        });
-                    }
-                    ok &= good;
+                            wc.byte_len
+                        )
+                    });
                     checked += size as u64;
                     if budgets[i][s].take() {
                         ep.post_recv(i, wc.wr_id, wc.stream, &rbufs[i], b * size, size)?;
@@ -174,15 +170,12 @@ pub(in crate::perf) fn server_phase(
                         wc.byte_len as usize == size
                             && matches(&rbufs[i], b * size, &mut expected, i, slot)
                     };
-                    if !good {
-                        fail(&mut why, || {
-                            format!(
-                                "ping {n}: {} bytes, immediate {:?}, or its bytes differ",
-                                wc.byte_len, wc.imm
-                            )
-                        });
-                    }
-                    ok &= good;
+                    note_failure(&mut why, good, || {
+                        format!(
+                            "ping {n}: {} bytes, immediate {:?}, or its bytes differ",
+                            wc.byte_len, wc.imm
+                        )
+                    });
                     checked += size as u64;
                     if budgets[i][0].take() {
                         ep.post_recv(i, wc.wr_id, 0, &rbufs[i], b * size, size)?;
@@ -240,8 +233,7 @@ pub(in crate::perf) fn server_phase(
                     || (cfg.test == Test::SendBw
                         && received.iter().zip(counts).any(|(r, c)| r != c))
                 {
-                    ok = false;
-                    fail(&mut why, || {
+                    note_failure(&mut why, false, || {
                         format!("messages received {received:?}, the client sent {counts:?}")
                     });
                 }
@@ -251,14 +243,9 @@ pub(in crate::perf) fn server_phase(
                     let mut got = [0u8; 8];
                     for (i, &c) in counts.iter().enumerate().take(q) {
                         let found = atomic_found(&bufs.dst[i], 0, &mut got);
-                        if found != Some(c) {
-                            fail(&mut why, || {
-                                format!(
-                                    "connection {i}: the word holds {found:?} after {c} atomics"
-                                )
-                            });
-                        }
-                        ok &= found == Some(c);
+                        note_failure(&mut why, found == Some(c), || {
+                            format!("connection {i}: the word holds {found:?} after {c} atomics")
+                        });
                         checked += 8;
                     }
                 }
@@ -266,12 +253,9 @@ pub(in crate::perf) fn server_phase(
                     for (i, &c) in counts.iter().enumerate().take(q) {
                         for s in 0..slots.min(c as usize) {
                             let good = matches(&bufs.dst[i], s * size, &mut expected, i, s);
-                            if !good {
-                                fail(&mut why, || {
-                                    format!("connection {i}: the bytes written to slot {s} differ")
-                                });
-                            }
-                            ok &= good;
+                            note_failure(&mut why, good, || {
+                                format!("connection {i}: the bytes written to slot {s} differ")
+                            });
                             checked += size as u64;
                         }
                     }
@@ -281,18 +265,11 @@ pub(in crate::perf) fn server_phase(
         }
     }
     let mut result = Message::new("result")
-        .with("verified", u8::from(ok))
+        .with("verified", u8::from(why.is_none()))
         .with("checked", checked);
     if let Some(w) = &why {
         result = result.with("why", w);
     }
     chan.send(&result)?;
-    Ok((ok, checked, why))
-}
-
-/// Keeps what a failed check found, unless an earlier one failed first.
-fn fail(why: &mut Option<String>, what: impl FnOnce() -> String) {
-    if why.is_none() {
-        *why = Some(what());
-    }
+    Ok((checked, why))
 }
