@@ -340,15 +340,26 @@ pub(super) fn note_failure(why: &mut Option<String>, good: bool, what: impl FnOn
     }
 }
 
+/// Characters of a server's account of a failed check that a client passes on.
+const WHY_MAX: usize = 240;
+
 /// The server's verdict in its result message: `None` when everything it checked was right,
-/// else what its first failed check found.
-fn server_failure(result: &Message) -> Result<Option<String>, PerfError> {
+/// else what its first failed check found. The account is the peer's text, printed on this
+/// end's console: control characters become `?` and it is cut at [`WHY_MAX`] characters.
+pub(super) fn server_failure(result: &Message) -> Result<Option<String>, PerfError> {
     if result.get::<u8>("verified")? == 1 {
         return Ok(None);
     }
     Ok(Some(result.text("why").map_or_else(
         |_| "the server found a byte or a count wrong".into(),
-        |w| format!("the server: {w}"),
+        |w| {
+            let w: String = w
+                .chars()
+                .take(WHY_MAX)
+                .map(|c| if c.is_control() { '?' } else { c })
+                .collect();
+            format!("the server: {w}")
+        },
     )))
 }
 

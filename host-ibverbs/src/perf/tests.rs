@@ -757,3 +757,27 @@ fn a_failed_check_says_what_it_found() {
     // Every other message was right: only the one spoiled byte failed.
     assert_eq!(served.bytes_checked, 20 * SIZE as u64);
 }
+
+/// A hostile server's account of a failed check reaches the client's console as plain text of
+/// bounded length: no terminal escapes, no flood.
+#[test]
+fn a_servers_account_of_a_failure_is_plain_and_short() {
+    use super::run::server_failure;
+    let ok = Message::new("result")
+        .with("verified", 1)
+        .with("why", "ignored");
+    assert_eq!(server_failure(&ok).unwrap(), None);
+    let hostile = format!("\u{1b}[2J\u{1b}]0;owned\u{7}{}", "x".repeat(10_000));
+    let bad = Message::new("result")
+        .with("verified", 0)
+        .with("why", &hostile);
+    let got = server_failure(&bad).unwrap().unwrap();
+    assert!(got.starts_with("the server: ?[2J?]0;owned?x"), "{got}");
+    assert!(!got.chars().any(char::is_control));
+    assert!(got.chars().count() <= "the server: ".len() + 240);
+    let bare = Message::new("result").with("verified", 0);
+    assert_eq!(
+        server_failure(&bare).unwrap().as_deref(),
+        Some("the server found a byte or a count wrong")
+    );
+}
