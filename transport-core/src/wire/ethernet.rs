@@ -136,7 +136,15 @@ impl EthernetRepr {
     }
 
     /// Writes the header to the front of `buf`, returning the bytes after it.
+    ///
+    /// An untagged header whose EtherType is the 802.1Q TPID (0x8100) is refused: a receiver
+    /// would read the bytes after it as a tag.
     pub fn emit<'b>(&self, buf: &'b mut [u8]) -> Result<&'b mut [u8], Error> {
+        if self.vlan.is_none() && self.ethertype == EtherType::VLAN {
+            return Err(Error::FieldRange(
+                "an untagged EtherType of 0x8100 (the 802.1Q TPID)",
+            ));
+        }
         let (h, rest) = split_mut::<EthHeader>(buf, Header::Ethernet)?;
         h.dst = self.dst.0;
         h.src = self.src.0;
@@ -159,6 +167,25 @@ impl EthernetRepr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_untagged_tpid_is_refused_a_tagged_one_is_not() {
+        let mut buf = [0u8; 18];
+        let mut eth = EthernetRepr {
+            dst: MacAddr([2; 6]),
+            src: MacAddr([4; 6]),
+            vlan: None,
+            ethertype: EtherType::VLAN,
+        };
+        assert!(matches!(eth.emit(&mut buf), Err(Error::FieldRange(_))));
+        eth.vlan = Some(VlanTag {
+            pcp: 3,
+            dei: false,
+            vid: 7,
+        });
+        eth.emit(&mut buf).unwrap();
+        assert_eq!(EthernetRepr::parse(&buf).unwrap().0, eth);
+    }
 
     #[test]
     fn tagged_golden() {
