@@ -28,8 +28,16 @@ T=${CARGO_TARGET_DIR:-target}
 M=$T/release/metaroce
 P=$T/release/examples/udp_pingpong
 C=$T/release/examples/udp_ceiling
-# A 4096-byte Write packet on the wire, BTH to ICRC: BTH 12, data header 24, remote header 12, ICRC 4.
-DGRAM=4148
+# A Write packet on the wire, BTH to ICRC: BTH 12, data header 24, remote header 12, payload (4096
+# unless -m/--mtu is among the extra options), ICRC 4 (the field is there with --no-icrc too).
+PAYLOAD=4096
+for ((i = 0; i < ${#EXTRA[@]}; i++)); do
+  case "${EXTRA[$i]}" in
+    -m | --mtu) PAYLOAD=${EXTRA[$((i + 1))]} ;;
+    --mtu=*) PAYLOAD=${EXTRA[$i]#--mtu=} ;;
+  esac
+done
+DGRAM=$((PAYLOAD + 52))
 py() { python3 -c "$1"; }
 bw_tcp=(); bw_mr=(); bw_udp=(); lat_udp50=(); lat_udp99=(); lat_mr50=(); lat_mr99=(); lat_like50=(); lat_like99=()
 for r in $(seq 1 "$ROUNDS"); do

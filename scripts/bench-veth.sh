@@ -20,9 +20,16 @@ cargo build -q --release -p metaroce-cli --bin metaroce && cargo build -q --rele
 T=${CARGO_TARGET_DIR:-$(pwd)/target}
 M=$T/release/metaroce
 C=$T/release/examples/udp_ceiling
-# write-bw's Write packets, BTH to ICRC: the payload (the largest RoCE MTU that fits the veth) plus
-# BTH 12, data header 24, remote header 12, ICRC 4.
+# write-bw's Write packets, BTH to ICRC: the payload (-m/--mtu among the extra options, else the
+# largest RoCE MTU that fits the veth) plus BTH 12, data header 24, remote header 12, ICRC 4.
 payload=$(python3 -c "m=$MTU-20-8-64; print(max(p for p in (256,512,1024,2048,4096) if p<=m))")
+EXTRA=("$@")
+for ((i = 0; i < ${#EXTRA[@]}; i++)); do
+  case "${EXTRA[$i]}" in
+    -m | --mtu) payload=${EXTRA[$((i + 1))]} ;;
+    --mtu=*) payload=${EXTRA[$i]#--mtu=} ;;
+  esac
+done
 DGRAM=$((payload + 52))
 A=mrbench_a$$; B=mrbench_b$$
 cleanup() {
