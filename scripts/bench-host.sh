@@ -28,9 +28,11 @@ T=${CARGO_TARGET_DIR:-target}
 M=$T/release/metaroce
 P=$T/release/examples/udp_pingpong
 C=$T/release/examples/udp_ceiling
-# A Write packet on the wire, BTH to ICRC: BTH 12, data header 24, remote header 12, payload (4096
-# unless -m/--mtu is among the extra options), ICRC 4 (the field is there with --no-icrc too).
-PAYLOAD=4096
+# A Write packet on the wire, BTH to ICRC: BTH 12, data header 24, remote header 12, payload (-m/--mtu
+# among the extra options, else the tools' default at loopback's MTU: the largest multiple of 64
+# bytes beside IPv4, UDP and 64 bytes of headers, up to 16 KiB), ICRC 4 (there with --no-icrc too).
+LO_MTU=$(cat /sys/class/net/lo/mtu 2>/dev/null || echo 65536)
+PAYLOAD=$(python3 -c "print(min((${LO_MTU}-20-8-64)//64*64, 16384))")
 for ((i = 0; i < ${#EXTRA[@]}; i++)); do
   case "${EXTRA[$i]}" in
     -m | --mtu) PAYLOAD=${EXTRA[$((i + 1))]} ;;

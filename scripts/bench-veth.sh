@@ -21,8 +21,9 @@ T=${CARGO_TARGET_DIR:-$(pwd)/target}
 M=$T/release/metaroce
 C=$T/release/examples/udp_ceiling
 # write-bw's Write packets, BTH to ICRC: the payload (-m/--mtu among the extra options, else the
-# largest RoCE MTU that fits the veth) plus BTH 12, data header 24, remote header 12, ICRC 4.
-payload=$(python3 -c "m=$MTU-20-8-64; print(max(p for p in (256,512,1024,2048,4096) if p<=m))")
+# tools' default: the largest multiple of 64 bytes that fits the veth beside IPv4, UDP and 64 bytes
+# of headers, up to 16 KiB) plus BTH 12, data header 24, remote header 12, ICRC 4.
+payload=$(python3 -c "print(min(($MTU-20-8-64)//64*64, 16384))")
 EXTRA=("$@")
 for ((i = 0; i < ${#EXTRA[@]}; i++)); do
   case "${EXTRA[$i]}" in

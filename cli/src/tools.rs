@@ -91,8 +91,10 @@ pub struct PerfArgs {
     #[arg(short = 'o', long = "outs", default_value_t = host_ibverbs::udp::DEFAULT_MAX_RD_ATOMIC,
           value_parser = clap::value_parser!(u8).range(1..))]
     pub outs: u8,
-    /// Payload bytes per packet (default: the largest RoCE MTU, 256 to 4096, that fits the
-    /// interface without IP fragmentation).
+    /// Payload bytes per packet. Verbs: a RoCE MTU (256 to 4096), by default the port's. UDP
+    /// transport: by default the largest multiple of 64 bytes that fits the interface without IP
+    /// fragmentation, up to 16 KiB (1408 at MTU 1500, 8896 at 9000); a receiver takes any size,
+    /// whatever its own.
     #[arg(short = 'm', long = "mtu")]
     pub mtu: Option<u32>,
     /// Paths per connection, each with its own UDP source port.

@@ -101,6 +101,29 @@ fn the_default_window_holds_128_kib_or_64_packets() {
     }
 }
 
+/// The default payload fills the link in multiples of 64 bytes, up to 16 KiB; a given one is
+/// taken if it fits and refused with the largest that does if not.
+#[test]
+fn the_default_payload_fills_the_link() {
+    let ok = |m, link, v4| payload_for(m, link, v4).unwrap();
+    assert_eq!(ok(None, 1500, true), 1408);
+    assert_eq!(ok(None, 1500, false), 1344);
+    assert_eq!(ok(None, 9000, true), 8896);
+    assert_eq!(ok(None, 65_536, true), MAX_DEFAULT_PAYLOAD);
+    assert_eq!(ok(None, 348, true), 256);
+    assert!(payload_for(None, 347, true).is_err());
+    // Each fits: IP, UDP and the largest header set (64) beside it.
+    for (link, v4) in [(1500, true), (1500, false), (9000, true), (4200, true)] {
+        let p = ok(None, link, v4);
+        assert!(p + if v4 { 20 } else { 40 } + 8 + 64 <= link, "{link}");
+        assert_eq!(p % 64, 0);
+    }
+    assert_eq!(ok(Some(1000), 1500, true), 1000);
+    assert_eq!(ok(Some(1408), 1500, true), 1408);
+    let e = payload_for(Some(1409), 1500, true).unwrap_err().to_string();
+    assert!(e.contains("1408"), "{e}");
+}
+
 /// What the windows resolve to: given, both are it; by default the growing controllers (ECN
 /// AIMD, MetaRoCE) start at 32 and grow to 128 KiB or 64 packets, the others keep 32.
 #[test]
