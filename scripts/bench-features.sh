@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What the UDP transport's system-call features buy on loopback: `metaroce write-bw` (defaults:
-# 65536-byte Writes, 8 paths, 4096-byte packets) with each of UDP GSO, UDP GRO and batched calls
+# 65536-byte Writes, 8 paths, 16 KiB packets) with each of UDP GSO, UDP GRO and batched calls
 # (sendmmsg/recvmmsg) turned off in turn, then GSO and GRO together (batches alone left), then all
 # three, both ends alike, against the defaults measured in the same round. Prints one line per round and the median ratios.
 #

@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{assert_success, pair, server_counter, server_device_counter, ScratchDir};
+use common::{
+    assert_success, default_payload, pair, server_counter, server_device_counter, ScratchDir,
+};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -230,7 +232,7 @@ fn sixty_four_mib_across_two_namespaces() {
         assert_eq!(r["total_bytes"].as_u64(), Some(64 * MIB), "{test}");
         assert_eq!(r["paths_used"], 8, "{test}");
         assert_eq!(p.server_json()["verified"], true);
-        // The veth MTU is 1500: packets carry 1024 bytes and are never fragmented.
+        // The veth MTU is 1500: packets carry 1408 bytes and are never fragmented.
         assert_eq!(server_counter(&p, "rx_drop_malformed"), 0);
         assert_eq!(server_counter(&p, "rx_drop_bad_icrc"), 0);
     }
@@ -257,11 +259,13 @@ fn real_loss_of_1_5_and_10_percent_every_byte_once() {
         assert_eq!(s["bytes_checked"].as_u64(), Some(64 * MIB), "{per_mille}");
         // The input hook sees GRO runs, so one match drops a run of datagrams and the count of
         // datagrams dropped varies far more than the rate: the repairs are compared with what was
-        // dropped (in full data datagrams of 1104 bytes as the hook counts them; the few ACKs
-        // dropped add a little), and each one dropped is sent again about once.
-        let dropped = h.dropped_bytes() / 1104;
+        // dropped (in full data datagrams as the hook counts them, IP header on: the payload, 52
+        // bytes of MetaRoCE headers and ICRC, 28 of IP and UDP; the few ACKs dropped add a
+        // little), and each one dropped is sent again about once.
+        let payload = default_payload(1500, true);
+        let dropped = h.dropped_bytes() / (payload + 80);
         let retx = r["retransmits"].as_u64().unwrap();
-        let nominal = 64 * MIB / 1024 * u64::from(per_mille) / 1000;
+        let nominal = 64 * MIB / payload * u64::from(per_mille) / 1000;
         assert!(
             dropped * 10 >= nominal,
             "{per_mille}/1000 loss: only {dropped} datagrams dropped of about {nominal}"
@@ -477,7 +481,7 @@ fn ecn_marks_set_in_the_kernel_reach_both_ends() {
     assert_success(&p);
     let marks = server_device_counter(&p, "rx_ecn_ce");
     let seen = server_counter(&p, "ecn_ce_received");
-    let packets = 32 * MIB / 1024;
+    let packets = 32 * MIB / default_payload(1500, true);
     assert!(
         marks > packets / 20 && marks < packets / 5,
         "about 10% of {packets} packets marked, saw {marks}"
@@ -694,8 +698,8 @@ fn runs_of_real_losses_are_repaired_exactly() {
         assert_eq!(r["total_bytes"].as_u64(), Some(256 * MIB), "{test}");
         assert_eq!(p.server_json()["verified"], true, "{test}");
         // A full data datagram as the input hook counts it: IPv4 20, UDP 8, BTH 12, data header
-        // 24, remote header 12, payload 1024, ICRC 4.
-        let dropped = (h.dropped_bytes() - before) / 1104;
+        // 24, remote header 12, the payload (1408 at MTU 1500), ICRC 4.
+        let dropped = (h.dropped_bytes() - before) / (default_payload(1500, true) + 80);
         let retx = r["retransmits"].as_u64().unwrap() + server_counter(&p, "retransmits");
         assert!(dropped > 1000, "{test}: only {dropped} datagrams dropped");
         assert!(

@@ -200,3 +200,17 @@ pub fn server_device_counter(p: &Pair, name: &str) -> u64 {
         .as_u64()
         .unwrap_or(0)
 }
+
+/// The tools' default payload per packet on an interface of MTU `link`
+/// (`host_ibverbs::perf::payload_for`), bytes.
+pub fn default_payload(link: u32, ipv4: bool) -> u64 {
+    u64::from(host_ibverbs::perf::payload_for(None, link, ipv4).expect("a usable MTU"))
+}
+
+/// Loopback's MTU (65536 unless someone changed it).
+pub fn loopback_mtu() -> u32 {
+    std::fs::read_to_string("/sys/class/net/lo/mtu")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(65_536)
+}
