@@ -49,6 +49,15 @@ if [ "$LOAD" = 1 ]; then
 fi
 ina() { ip netns exec "$A" "$@"; }
 inb() { ip netns exec "$B" "$@"; }
+# Datagrams the kernels of both hosts dropped (UDP InErrors: receive buffers full, bad checksums): what
+# write-bw's retransmissions are compared with.
+drops() {
+  local n=0 ns
+  for ns in "$A" "$B"; do
+    n=$((n + $(ip netns exec "$ns" awk '/^Udp:/ { if (h) { print $4; exit } h = 1 }' /proc/net/snmp)))
+  done
+  echo "$n"
+}
 tcp=(); udp=(); mr=()
 for r in $(seq 1 "$ROUNDS"); do
   # Every result is read after its run: nothing else takes a CPU from the two ends meanwhile.
@@ -66,12 +75,14 @@ for r in $(seq 1 "$ROUNDS"); do
   rm -f "$out"
   inb "$M" write-bw --once -p 18806 >/dev/null 2>&1 &
   sleep 0.3
+  d0=$(drops)
   j=$(ina "$M" write-bw 10.78.0.2 -p 18806 -D "$SECS" --json "$@" 2>/dev/null | head -1)
   wait "$!" 2>/dev/null || true
+  dropped=$(( $(drops) - d0 ))
   m=$(echo "$j" | python3 -c 'import json,sys; j=json.loads(sys.stdin.readline()); print(j["bw_avg_gbps"], j["retransmits"], "%d/%d/%d" % (j["lost_by_sack"], j["lost_by_timeout"], j["peer_silent_waits"]), j["path_failures"], j["verified"])')
   read -r mb retx why fails ok <<<"$m"
-  printf 'round %d: iperf3 %.2f Gb/s, udp ceiling %.2f Gb/s (%d-byte datagrams), write-bw %.2f Gb/s (%.2fx, %.2fx) retransmits %s (lost by sack/timeout, peer waits: %s) path failures %s verified %s\n' \
-    "$r" "$t" "$c" "$DGRAM" "$mb" "$(python3 -c "print($mb/$t)")" "$(python3 -c "print($mb/$c)")" "$retx" "$why" "$fails" "$ok"
+  printf 'round %d: iperf3 %.2f Gb/s, udp ceiling %.2f Gb/s (%d-byte datagrams), write-bw %.2f Gb/s (%.2fx, %.2fx) retransmits %s (lost by sack/timeout, peer waits: %s) path failures %s verified %s; datagrams the kernels dropped %d\n' \
+    "$r" "$t" "$c" "$DGRAM" "$mb" "$(python3 -c "print($mb/$t)")" "$(python3 -c "print($mb/$c)")" "$retx" "$why" "$fails" "$ok" "$dropped"
   tcp+=("$t"); udp+=("$c"); mr+=("$mb")
 done
 join() { local IFS=,; echo "$*"; }
