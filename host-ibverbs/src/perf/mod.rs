@@ -128,15 +128,17 @@ pub(crate) const ALL_ACCESS: Access = Access::LOCAL_WRITE
     .union(Access::REMOTE_READ)
     .union(Access::REMOTE_ATOMIC);
 
-/// Message buffers a timed (`-D`) run cycles through: 1 MiB shared out among its connections (at
-/// least one message each). As perftest's cycle buffer and iperf3's single buffer, the memory
-/// stays in the cache, so the run measures the transport rather than the host's DRAM: cycling
+/// Message buffers a timed (`-D`) run cycles through: 256 KiB shared out among its connections
+/// (at least one message each). As perftest's cycle buffer (a message or two per queue pair at
+/// these sizes) and iperf3's single buffer, the memory
+/// stays in the cache, so the run measures the transport rather than the host's memory: cycling
 /// 64 MiB per connection instead cost a veth run 19.5 of 28 Gb/s (every payload read and placed
-/// from and to DRAM), and 1 MiB per connection with `-q 4` cost 2-11% against 256 KiB each
-/// (AMD EPYC VM, MTU 1500: 11.81/12.11/11.92 against 13.11/13.47/12.17 Gb/s, alternating). A
-/// run of `-n` messages keeps one buffer per message (up to `BUF_BYTES`), so that every
-/// message's landing place is checked.
-const CYCLE_BYTES: usize = 1 << 20;
+/// from and to DRAM); 1 MiB in all moved 0.94x what 256 KiB did on loopback (five alternating
+/// pairs, Intel Xeon VM: the kernel's copies push a mebibyte out of L2, and the ICRC then reads the
+/// payloads from L3; docs/BENCHMARKS.md, "Payloads that fill the link"). A run of `-n` messages
+/// keeps one buffer per message (up to `BUF_BYTES`), so that every message's landing place is
+/// checked.
+const CYCLE_BYTES: usize = 256 << 10;
 /// Buffer bytes per connection at most.
 const BUF_BYTES: usize = 64 << 20;
 

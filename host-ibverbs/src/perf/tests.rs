@@ -744,12 +744,13 @@ fn a_hello_with_an_unknown_controller_or_icrc_mode_is_refused() {
     }
 }
 
-/// A timed run cycles through 1 MiB in all, shared among its connections (at least one message
-/// each); a run of `-n` messages keeps one buffer per message, up to 64 MiB per process.
+/// A timed run cycles through 256 KiB in all, shared among its connections (at least one
+/// message each); a run of `-n` messages keeps one buffer per message, up to 64 MiB per process.
 #[test]
-fn timed_runs_share_one_mebibyte_of_slots() {
-    assert_eq!(slots_for(65_536, 0, 1, true), 16);
-    assert_eq!(slots_for(65_536, 0, 4, true), 4);
+fn timed_runs_share_a_quarter_mebibyte_of_slots() {
+    assert_eq!(slots_for(65_536, 0, 1, true), 4);
+    assert_eq!(slots_for(65_536, 0, 4, true), 1);
+    assert_eq!(slots_for(4096, 0, 2, true), 32);
     assert_eq!(slots_for(4 << 20, 0, 4, true), 1);
     assert_eq!(slots_for(65_536, 100, 4, false), 100);
     assert_eq!(slots_for(65_536, 100_000, 4, false), 256);
