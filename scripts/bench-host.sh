@@ -35,8 +35,9 @@ LO_MTU=$(cat /sys/class/net/lo/mtu 2>/dev/null || echo 65536)
 PAYLOAD=$(python3 -c "print(min((${LO_MTU}-20-8-64)//64*64, 16384))")
 for ((i = 0; i < ${#EXTRA[@]}; i++)); do
   case "${EXTRA[$i]}" in
-    -m | --mtu) PAYLOAD=${EXTRA[$((i + 1))]} ;;
+    -m | --mtu) PAYLOAD=${EXTRA[$((i + 1))]:-$PAYLOAD} ;;
     --mtu=*) PAYLOAD=${EXTRA[$i]#--mtu=} ;;
+    -m*) PAYLOAD=${EXTRA[$i]#-m}; PAYLOAD=${PAYLOAD#=} ;;
   esac
 done
 DGRAM=$((PAYLOAD + 52))

@@ -27,8 +27,9 @@ payload=$(python3 -c "print(min(($MTU-20-8-64)//64*64, 16384))")
 EXTRA=("$@")
 for ((i = 0; i < ${#EXTRA[@]}; i++)); do
   case "${EXTRA[$i]}" in
-    -m | --mtu) payload=${EXTRA[$((i + 1))]} ;;
+    -m | --mtu) payload=${EXTRA[$((i + 1))]:-$payload} ;;
     --mtu=*) payload=${EXTRA[$i]#--mtu=} ;;
+    -m*) payload=${EXTRA[$i]#-m}; payload=${payload#=} ;;
   esac
 done
 DGRAM=$((payload + 52))

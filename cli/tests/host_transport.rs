@@ -148,7 +148,7 @@ fn the_capture_is_read_by_tshark_as_rocev2_and_by_decode_with_good_icrcs() {
         &[
             "--json",
             "-s",
-            "10000",
+            "40000",
             "-n",
             "50",
             "--paths",
@@ -187,11 +187,12 @@ fn the_capture_is_read_by_tshark_as_rocev2_and_by_decode_with_good_icrcs() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split('\t').collect()).collect();
-    // Payloads of the loopback default (16 KiB, not a RoCE MTU) are dissected as any RoCEv2 packet.
-    let per_write = 10_000u64.div_ceil(default_payload(loopback_mtu(), true));
+    // Payloads of the loopback default (16 KiB, not a RoCE MTU) are dissected as any RoCEv2
+    // packet; a 40000-byte Write is First, Middle and Last packets.
+    let per_write = 40_000u64.div_ceil(default_payload(loopback_mtu(), true));
     assert!(
         rows.len() as u64 >= 50 * per_write,
-        "every 10000-byte Write is {per_write} packets: {} rows",
+        "every 40000-byte Write is {per_write} packets: {} rows",
         rows.len()
     );
     let qpn = p.server_json()["stats"]["qps"][0]["qpn"].as_u64().unwrap();

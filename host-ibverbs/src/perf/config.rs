@@ -196,6 +196,9 @@ pub struct PerfConfig {
     /// Payload bytes per packet; None: the largest that fits the local interface's MTU without
     /// IP fragmentation, in multiples of 64 bytes, up to [`MAX_DEFAULT_PAYLOAD`] ([`payload_for`]).
     pub mtu: Option<u32>,
+    /// A server: the payload the client sends (its hello's `payload`); this end's packets carry
+    /// no more, so that Read responses and answers fit the path the client's do.
+    pub peer_payload: Option<u32>,
     /// Packets in flight per path at most; None: see [`windows`]. The client's is the server's.
     pub window: Option<u32>,
     /// Where each path's window starts, packets; None: see [`windows`]. The client's is the
@@ -300,6 +303,7 @@ impl PerfConfig {
             qps: 1,
             paths: 8,
             mtu: None,
+            peer_payload: None,
             window: None,
             start_window: None,
             icrc: udp::IcrcMode::Full,
@@ -361,7 +365,7 @@ fn packet_overhead(ipv4: bool) -> u32 {
 /// The window per path at most and where it starts, packets, for `payload`-byte packets. Given
 /// (`--window`), both are it. By default, with a controller whose windows grow (ECN AIMD,
 /// MetaRoCE), 128 KiB of packets or 64 packets at most (`udp::window_for`: 128 of 1024 bytes,
-/// 64 of 4096),
+/// 93 of 1408 (the default at MTU 1500), 64 of 4096, 16 of 8896 or 16 KiB),
 /// starting at 32 packets, the flight a shared bottleneck's queue was measured to take from four
 /// senders (docs/BENCHMARKS.md: four clients through a 2 MB queue lost their fair shares when
 /// each started at 128); with the others, whose rate or own window is the control and this

@@ -300,7 +300,9 @@ pub(super) struct Expected {
 }
 
 /// Pattern bytes an [`Expected`] keeps at most (counted by [`phase_bytes`]).
-const EXPECTED_BYTES: usize = super::CYCLE_BYTES;
+/// 1 MiB: more than a timed run cycles through ([`super::CYCLE_BYTES`]), so that runs of
+/// large messages or many connections, which keep one message each, still compare memory.
+const EXPECTED_BYTES: usize = 1 << 20;
 
 impl Expected {
     pub(super) fn new(seed: u64, size: usize) -> Self {

@@ -106,6 +106,7 @@ pub(super) fn run_client_one(
         .with("paths", cfg.paths)
         .with("window", window)
         .with("start_window", start_window)
+        .with("payload", payload)
         .with("icrc", icrc_name(cfg.icrc))
         .with("cc", cfg.cc.name())
         .with("busy", u8::from(cfg.busy_poll))
@@ -335,6 +336,12 @@ pub(super) fn session_config(
     mine.qps = hello.get("qps")?;
     mine.paths = hello.get("paths")?;
     mine.window = Some(hello.get("window")?);
+    // A client from before the field existed: the server's own payload.
+    mine.peer_payload = if hello.text("payload").is_ok() {
+        Some(hello.get("payload")?)
+    } else {
+        None
+    };
     // A client from before the field existed starts at its window.
     mine.start_window = if hello.text("start_window").is_ok() {
         Some(hello.get("start_window")?)

@@ -20,8 +20,10 @@ fn run_pair_unlocked(mut cfg: PerfConfig) -> (Vec<Report>, Served) {
     cfg.progress = false;
     cfg.publish_stats = false;
     let mut scfg = cfg.clone();
-    // A capture is the client's (both ends writing one file would interleave them).
+    // A capture is the client's (both ends writing one file would interleave them); `-m` too,
+    // as users give it (the server takes the client's payload from its hello).
     scfg.pcap = None;
+    scfg.mtu = None;
     let server = std::thread::Builder::new()
         .stack_size(64 << 20)
         .spawn(move || serve_one(&scfg, &listener))
@@ -74,7 +76,7 @@ fn every_bandwidth_test_moves_verified_bytes() {
 }
 
 /// The window per path by default: at most 128 KiB of packets, or 64 packets where they fit in
-/// 256 KiB: 128 of 1024 bytes (MTU 1500) and 64 of 4096, starting at 32 and growing on unmarked ACKs (nothing marks
+/// 256 KiB: 128 of 1024 bytes and 64 of 4096 (given with -m here), starting at 32 and growing on unmarked ACKs (nothing marks
 /// here); `--window` sets both, in packets.
 #[test]
 fn the_default_window_holds_128_kib_or_64_packets() {
@@ -533,6 +535,30 @@ proptest::proptest! {
             }
         }
     }
+}
+
+/// The client's payload reaches the server, whose Read responses carry no more (its own
+/// default, loopback's 16 KiB, would not fit a path the client's packets were sized for).
+#[test]
+fn read_responses_are_no_larger_than_the_clients_packets() {
+    let dir = std::env::temp_dir().join(format!("metaroce-payload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pcap = dir.join("read.pcap");
+    let mut cfg = PerfConfig::new(Test::ReadBw);
+    cfg.size = 20_000;
+    cfg.iters = 20;
+    cfg.mtu = Some(2048);
+    cfg.pcap = Some(pcap.clone());
+    let (reports, served) = run_pair(cfg);
+    let Report::Bw(r) = &reports[0] else { panic!() };
+    assert!(r.verified && served.verified);
+    let (frames, err) = metaroce_frames::capture::read(&std::fs::read(&pcap).unwrap());
+    assert!(err.is_none(), "{err:?}");
+    // IPv4 and UDP (28), then BTH to ICRC: 2048 bytes of payload and at most 64 of headers.
+    let longest = frames.iter().map(|f| f.data.len()).max().unwrap();
+    let transport = longest - 28;
+    assert!(transport > 2048 && transport <= 2048 + 64, "{longest}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// `--no-icrc`: the client's choice reaches the server, both ends send 0 in the ICRC field

@@ -208,8 +208,8 @@ pub struct QpAttr {
 pub const DEFAULT_MAX_RD_ATOMIC: u8 = 16;
 
 impl Default for QpAttr {
-    /// 8 paths, 4096-byte packets, 32 packets (128 KiB; the tools' default grows to 64,
-    /// [`window_for`]) in flight per path, and
+    /// 8 paths, 4096-byte packets, 32 packets (128 KiB; the tools' default grows to what
+    /// [`window_for`] gives their payload) in flight per path, and
     /// timers sized for a host: a software endpoint can be descheduled for hundreds of
     /// microseconds, so the RTO starts at 1 ms rather than the 100 us a NIC would use. The window
     /// too is sized for a host: its round trip includes batching in both kernels and both

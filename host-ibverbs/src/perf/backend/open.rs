@@ -65,7 +65,9 @@ pub(super) fn open_udp(
         }
         Err(e) => return Err(e.into()),
     };
-    let mtu = crate::perf::packet_mtu(cfg.mtu, local_ip)?;
+    // A server sends no larger packets than its client does (both ends' interfaces fit them).
+    let mtu = crate::perf::packet_mtu(cfg.mtu, local_ip)?
+        .min(cfg.peer_payload.unwrap_or(u32::MAX).max(256));
     let (window, start_window) = crate::perf::windows(cfg, mtu);
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq();
