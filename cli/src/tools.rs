@@ -147,9 +147,15 @@ pub struct PerfArgs {
     /// choice): datagrams carry 0 in the field and arrivals are not checked, which saves a
     /// CRC-32 over every byte on each end. Only between two metaroce ends: the UDP checksum and
     /// the links' frame checks then guard the data, as they guard TCP's; a RoCE NIC, tshark's
-    /// ICRC check and an older metaroce server reject such datagrams.
-    #[arg(long)]
+    /// ICRC check and an older metaroce server reject such datagrams. The default when the
+    /// server is on this host (loopback) and no --pcap is written; elsewhere the ICRC is on.
+    #[arg(long, conflicts_with = "icrc")]
     pub no_icrc: bool,
+    /// UDP transport: the ICRC on the data path, computed and checked on both ends, also when
+    /// the server is on this host (where the default is --no-icrc: those datagrams go from
+    /// memory to memory, and the kernel checks no UDP or TCP checksum there either).
+    #[arg(long)]
+    pub icrc: bool,
     /// UDP transport: the rate controller, on both ends (the server takes the client's choice;
     /// docs/CONGESTION.md). By default metaroce: ECN AIMD per path and per connection, paced to
     /// the receiver's hint when the receiver has a --line-rate.
@@ -274,7 +280,9 @@ fn config(test: Test, a: &PerfArgs) -> Result<PerfConfig, String> {
         None => None,
     };
     if a.no_icrc {
-        c.icrc = host_ibverbs::udp::IcrcMode::Off;
+        c.icrc = Some(host_ibverbs::udp::IcrcMode::Off);
+    } else if a.icrc {
+        c.icrc = Some(host_ibverbs::udp::IcrcMode::Full);
     }
     c.data_port = a.data_port;
     c.busy_poll = a.busy_poll;
@@ -530,7 +538,10 @@ pub fn run_loopback(json: bool, seconds: f64) -> ExitCode {
         cfg.server = Some("127.0.0.1".into());
         let mut header = false;
         if !json {
-            println!("metaroce {} over UDP on 127.0.0.1, 8 paths", test.name());
+            println!(
+                "metaroce {} over UDP on 127.0.0.1, 8 paths, no ICRC (memory to memory)",
+                test.name()
+            );
         }
         let r: Result<_, PerfError> = perf::run_client(&cfg, |r| {
             print_report(test, json, true, false, r, &mut header)

@@ -214,8 +214,11 @@ pub struct PerfConfig {
     /// (`udp::share_table`); None, each engine divides the line among its own connections.
     pub share_table: Option<PathBuf>,
     /// UDP transport: the ICRC of the data path, for both ends (the client's choice is the
-    /// server's): computed and checked (the default), or neither (`--no-icrc`).
-    pub icrc: udp::IcrcMode,
+    /// server's): computed and checked (`--icrc`), or neither (`--no-icrc`). None: the client
+    /// chooses ([`icrc_for`]): off when the server is on this host and no capture is written
+    /// (the datagrams never leave memory, where the kernel checksums neither UDP nor TCP),
+    /// computed and checked otherwise. A server always runs the client's choice.
+    pub icrc: Option<udp::IcrcMode>,
     /// Work requests in flight per connection (bandwidth tests).
     pub tx_depth: u32,
     /// Read and atomic requests outstanding per connection at most (perftest's `-o`): the UDP
@@ -306,7 +309,7 @@ impl PerfConfig {
             peer_payload: None,
             window: None,
             start_window: None,
-            icrc: udp::IcrcMode::Full,
+            icrc: None,
             cc: Cc::MetaRoce,
             line_rate_mbps: 0,
             share_table: None,
@@ -345,6 +348,25 @@ impl PerfConfig {
         } else {
             vec![self.size]
         }
+    }
+}
+
+/// The ICRC a client runs, and has its server run, toward `peer` from `local`: the one chosen
+/// (`--icrc`, `--no-icrc`), else none between two ends on this host (a loopback address, or the
+/// server on an address of this host, which the route gives as the local one), where the
+/// datagrams go from memory to memory and the kernel checks no UDP or TCP checksum either, unless
+/// a capture is written (`--pcap`: what it holds should read as the wire, ICRC and all, in any
+/// RoCE dissector); the ICRC everywhere else.
+pub fn icrc_for(cfg: &PerfConfig, local: IpAddr, peer: IpAddr) -> udp::IcrcMode {
+    if let Some(m) = cfg.icrc {
+        return m;
+    }
+    let (local, peer) = (local.to_canonical(), peer.to_canonical());
+    let same_host = peer.is_loopback() || peer == local;
+    if cfg.transport == Transport::Udp && same_host && cfg.pcap.is_none() {
+        udp::IcrcMode::Off
+    } else {
+        udp::IcrcMode::Full
     }
 }
 
@@ -477,7 +499,7 @@ pub(super) fn validate(cfg: &PerfConfig) -> Result<(), PerfError> {
     if cfg.tx_depth == 0 {
         return Err(PerfError::Invalid("-t must be at least 1".into()));
     }
-    if cfg.icrc != udp::IcrcMode::Full && cfg.transport != Transport::Udp {
+    if cfg.icrc.is_some_and(|m| m != udp::IcrcMode::Full) && cfg.transport != Transport::Udp {
         return Err(PerfError::Invalid(
             "--no-icrc applies to the UDP transport (a RoCE NIC always sends and checks it)".into(),
         ));
@@ -487,7 +509,7 @@ pub(super) fn validate(cfg: &PerfConfig) -> Result<(), PerfError> {
             "--cc applies to the UDP transport (a RoCE NIC runs its own)".into(),
         ));
     }
-    if cfg.icrc == udp::IcrcMode::SendOnly {
+    if cfg.icrc == Some(udp::IcrcMode::SendOnly) {
         return Err(PerfError::Invalid(
             "the tools' ICRC is full or off (send-only is for a runner whose NIC checks it)".into(),
         ));

@@ -93,6 +93,11 @@ pub(super) fn run_client_one(
     let local_ip = cfg
         .bind
         .unwrap_or(chan.local_addr().map_err(OobError::Io)?.ip().to_canonical());
+    // The ICRC goes resolved too: the server runs the client's choice.
+    let peer_ip = chan.peer_addr().map_err(OobError::Io)?.ip();
+    let mut resolved = cfg.clone();
+    resolved.icrc = Some(super::icrc_for(cfg, local_ip, peer_ip));
+    let cfg = &resolved;
     // The windows go resolved: the server takes the client's, whatever its own payload.
     let payload = super::packet_mtu(cfg.mtu, local_ip).unwrap_or(udp::QpAttr::default().mtu);
     let (window, start_window) = super::windows(cfg, payload);
@@ -107,7 +112,7 @@ pub(super) fn run_client_one(
         .with("window", window)
         .with("start_window", start_window)
         .with("payload", payload)
-        .with("icrc", icrc_name(cfg.icrc))
+        .with("icrc", icrc_name(cfg.icrc.unwrap_or_default()))
         .with("cc", cfg.cc.name())
         .with("busy", u8::from(cfg.busy_poll))
         .with("workers", workers)
@@ -354,8 +359,8 @@ pub(super) fn session_config(
         .ok_or_else(|| PerfError::Mismatch(format!("unknown rate controller {cc:?}")))?;
     // A client from before the field existed sends and checks the ICRC.
     mine.icrc = match hello.text("icrc").unwrap_or("full") {
-        "full" => udp::IcrcMode::Full,
-        "off" => udp::IcrcMode::Off,
+        "full" => Some(udp::IcrcMode::Full),
+        "off" => Some(udp::IcrcMode::Off),
         other => {
             return Err(PerfError::Mismatch(format!(
                 "unknown ICRC mode {other:?} (full or off)"

@@ -579,7 +579,7 @@ fn without_the_icrc_both_ends_send_zero_and_verify_every_byte() {
         // 4096-byte payloads: over 200 datagrams in the capture (loopback's default is 16 KiB).
         cfg.mtu = Some(4096);
         if off {
-            cfg.icrc = udp::IcrcMode::Off;
+            cfg.icrc = Some(udp::IcrcMode::Off);
         }
         let pcap = dir.join(format!("{}-{off}.pcap", test.name()));
         cfg.pcap = Some(pcap.clone());
@@ -600,15 +600,66 @@ fn without_the_icrc_both_ends_send_zero_and_verify_every_byte() {
         }
         let stats = &served.stats["qps"][0]["counters"];
         assert_eq!(stats["rx_drop_bad_icrc"], 0, "{stats}");
+        let mode = if off { "off" } else { "full" };
+        assert_eq!(served.stats["qps"][0]["icrc"], mode, "{test:?}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Left to the client, the ICRC is off between two ends on this host unless a capture is
+/// written, and on everywhere else; a choice made is kept; verbs always has it.
+#[test]
+fn the_icrc_is_off_by_default_only_between_ends_on_this_host_without_a_capture() {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let lo4 = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let lo6 = IpAddr::V6(Ipv6Addr::LOCALHOST);
+    let a = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+    let b = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
+    let a6 = IpAddr::V6(Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped());
+    let (full, off) = (udp::IcrcMode::Full, udp::IcrcMode::Off);
+    let mut cfg = PerfConfig::new(Test::WriteBw);
+    for (local, peer, want) in [
+        (lo4, lo4, off),
+        (lo6, lo6, off),
+        (a, lo4, off),
+        (a, a, off),
+        (a6, a, off),
+        (a, b, full),
+        (b, a, full),
+    ] {
+        assert_eq!(icrc_for(&cfg, local, peer), want, "{local} -> {peer}");
+    }
+    cfg.pcap = Some("x.pcap".into());
+    assert_eq!(icrc_for(&cfg, lo4, lo4), full, "a capture keeps it");
+    cfg.pcap = None;
+    cfg.icrc = Some(full);
+    assert_eq!(icrc_for(&cfg, lo4, lo4), full, "--icrc");
+    cfg.icrc = Some(off);
+    assert_eq!(icrc_for(&cfg, a, b), off, "--no-icrc");
+    cfg.icrc = None;
+    cfg.transport = Transport::Verbs;
+    assert_eq!(icrc_for(&cfg, lo4, lo4), full, "verbs");
+
+    // On real sockets: the server runs what the client chose, and says so in its statistics.
+    for (chosen, want) in [(None, "off"), (Some(full), "full")] {
+        let mut cfg = PerfConfig::new(Test::WriteBw);
+        cfg.size = 20_000;
+        cfg.iters = 50;
+        cfg.icrc = chosen;
+        let (reports, served) = run_pair(cfg);
+        let Report::Bw(r) = &reports[0] else { panic!() };
+        assert!(r.verified && served.verified, "{chosen:?}");
+        assert_eq!(served.stats["qps"][0]["icrc"], want, "{chosen:?}");
+        let c = &served.stats["qps"][0]["counters"];
+        assert_eq!(c["rx_drop_bad_icrc"], 0, "{c}");
+    }
 }
 
 #[test]
 fn without_the_icrc_is_refused_over_verbs() {
     let mut cfg = PerfConfig::new(Test::WriteBw);
     cfg.transport = Transport::Verbs;
-    cfg.icrc = udp::IcrcMode::Off;
+    cfg.icrc = Some(udp::IcrcMode::Off);
     cfg.server = Some("127.0.0.1".into());
     let err = run_client(&cfg, |_| {}).unwrap_err().to_string();
     assert!(
@@ -753,10 +804,13 @@ fn a_hello_with_an_unknown_controller_or_icrc_mode_is_refused() {
     let old = session_config(&cfg, &hello(&[])).unwrap();
     assert_eq!(
         (old.cfg.cc, old.cfg.icrc),
-        (Cc::EcnAimd, udp::IcrcMode::Full)
+        (Cc::EcnAimd, Some(udp::IcrcMode::Full))
     );
     let ok = session_config(&cfg, &hello(&[("cc", "metaroce"), ("icrc", "off")])).unwrap();
-    assert_eq!((ok.cfg.cc, ok.cfg.icrc), (Cc::MetaRoce, udp::IcrcMode::Off));
+    assert_eq!(
+        (ok.cfg.cc, ok.cfg.icrc),
+        (Cc::MetaRoce, Some(udp::IcrcMode::Off))
+    );
     for (field, value, says) in [
         ("cc", "bbr\u{7f}", "unknown rate controller"),
         ("cc", &"x".repeat(4000)[..], "unknown rate controller"),

@@ -487,6 +487,7 @@ impl Engine {
                     counters: *conn.counters(),
                     paths,
                     rate: conn.rate_status(),
+                    icrc: conn.config().icrc,
                 })
             })
             .collect();

@@ -76,7 +76,7 @@ pub(super) fn open_udp(
         mtu,
         window_per_path: window,
         start_window_per_path: start_window,
-        icrc: cfg.icrc,
+        icrc: cfg.icrc.unwrap_or_default(),
         spray_burst: cfg.spray_burst,
         max_rd_atomic: cfg.outs,
         cc: cfg.cc.algorithm(

@@ -90,6 +90,18 @@ pub struct QpSnapshot {
     pub paths: Vec<PathStats>,
     /// The rate controller's outputs.
     pub rate: transport_core::conn::RateStatus,
+    /// What the connection's datagrams carry in the ICRC field and whether arrivals' are
+    /// checked (docs/PROTOCOL.md 4.1).
+    pub icrc: transport_core::conn::IcrcMode,
+}
+
+/// The name of an ICRC mode in the statistics.
+pub fn icrc_mode_name(m: transport_core::conn::IcrcMode) -> &'static str {
+    match m {
+        transport_core::conn::IcrcMode::Full => "full",
+        transport_core::conn::IcrcMode::SendOnly => "send-only",
+        transport_core::conn::IcrcMode::Off => "off",
+    }
 }
 
 /// The connection counters with their `ethtool -S` style names.
@@ -178,6 +190,7 @@ pub fn to_json(pid: u32, name: &str, engine: &EngineCounters, qps: &[QpSnapshot]
             json!({
                 "qpn": q.qpn,
                 "peer": q.peer.map(|p| p.to_string()),
+                "icrc": icrc_mode_name(q.icrc),
                 "counters": m,
                 "rate": {
                     "rate_mbps": q.rate.rate_mbps,
@@ -206,7 +219,8 @@ pub fn to_text(v: &Value) -> String {
     for q in v["qps"].as_array().into_iter().flatten() {
         let qpn = q["qpn"].as_u64().unwrap_or(0);
         let peer = q["peer"].as_str().unwrap_or("-");
-        s.push_str(&format!("   qp {qpn:#08x} peer {peer}:\n"));
+        let icrc = q["icrc"].as_str().unwrap_or("?");
+        s.push_str(&format!("   qp {qpn:#08x} peer {peer} icrc {icrc}:\n"));
         if let Some(c) = q["counters"].as_object() {
             for (k, val) in c {
                 s.push_str(&format!("     {k}: {val}\n"));
