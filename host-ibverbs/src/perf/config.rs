@@ -427,7 +427,8 @@ pub fn packet_mtu(explicit: Option<u32>, local_ip: IpAddr) -> Result<u32, PerfEr
 /// payload goes, and a receiver takes any size up to 64 KB, whatever its own default.
 pub fn payload_for(explicit: Option<u32>, link: u32, ipv4: bool) -> Result<u32, PerfError> {
     let overhead = packet_overhead(ipv4);
-    let room = link.saturating_sub(overhead);
+    // Within the transport's largest payload too (a loopback MTU of 65536 leaves more room).
+    let room = link.saturating_sub(overhead).min(udp::MAX_MTU);
     let best = (room / 64 * 64).min(MAX_DEFAULT_PAYLOAD);
     if best < 256 {
         return Err(PerfError::Invalid(format!(

@@ -124,6 +124,13 @@ fn the_default_payload_fills_the_link() {
     assert_eq!(ok(Some(1408), 1500, true), 1408);
     let e = payload_for(Some(1409), 1500, true).unwrap_err().to_string();
     assert!(e.contains("1408"), "{e}");
+    // Loopback's MTU leaves more room than a packet may take: the error names the largest that
+    // the transport then accepts.
+    assert_eq!(ok(Some(udp::MAX_MTU), 65_536, true), 64_872);
+    let e = payload_for(Some(65_000), 65_536, true)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("largest payload that does is 64872"), "{e}");
 }
 
 /// What the windows resolve to: given, both are it; by default the growing controllers (ECN

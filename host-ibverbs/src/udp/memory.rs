@@ -113,7 +113,7 @@ impl ProtectionDomain {
                 ErrorKind::Invalid("path count (1 to 64)"),
             ));
         }
-        if attr.mtu < 256 || attr.mtu > 65_000 - 128 {
+        if attr.mtu < 256 || attr.mtu > super::MAX_MTU {
             return Err(Error::new(
                 "create_qp",
                 ErrorKind::Invalid("mtu (256 to 64872)"),

@@ -131,6 +131,9 @@ pub struct WorkCompletion {
 /// Packets in flight per path by default at the default payload, 4096 bytes (see
 /// [`QpAttr::default`] and [`window_for`]).
 pub const DEFAULT_WINDOW: u32 = 32;
+/// The largest payload a packet may carry (`QpAttr::mtu`): its datagram, with every header and
+/// the ICRC, stays within 65,000 bytes, below the 65,507 of a UDP datagram over IPv4.
+pub const MAX_MTU: u32 = 65_000 - 128;
 
 /// Packets in a row a path takes by default once picked ([`QpAttr::spray_burst`]).
 pub const DEFAULT_SPRAY_BURST: u8 = 8;
