@@ -3,10 +3,13 @@
 # server in one, the client in the other. Round by round: iperf3 (TCP, one stream), the bare UDP
 # ceiling at write-bw's datagram size (host-ibverbs/examples/udp_ceiling.rs: GSO sender, GRO
 # receiver), and `metaroce write-bw` (UDP transport, -D seconds, defaults unless given); with
-# LOAD=1, two busy loops run beside both ends meanwhile (any real host has other work). Prints
-# one line per round and the median ratios. Needs root, iproute2 and iperf3.
+# LOAD=1, two busy loops run beside both ends meanwhile (any real host has other work); with
+# LOAD=alt, every round runs idle and then beside the two loops, and the summary says how much of
+# its idle median each of iperf3 and write-bw keeps under the load (the issue's "loses no more
+# than iperf3" as one interleaved series). Prints one line per run and the median ratios. Needs
+# root, iproute2 and iperf3.
 #
-# Usage: scripts/bench-veth.sh [ROUNDS] [SECONDS] [MTU] [LOAD] [-- extra write-bw client options]
+# Usage: scripts/bench-veth.sh [ROUNDS] [SECONDS] [MTU] [LOAD: 0, 1 or alt] [-- extra write-bw client options]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-5}
@@ -45,9 +48,9 @@ ip -n "$A" addr add 10.78.0.1/24 dev va; ip -n "$B" addr add 10.78.0.2/24 dev vb
 for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
 ip -n "$A" link set va up; ip -n "$B" link set vb up
 loops=""
-if [ "$LOAD" = 1 ]; then
-  for i in 1 2; do (while :; do :; done) & loops="$loops $!"; done
-fi
+start_loops() { for i in 1 2; do (while :; do :; done) & loops="$loops $!"; done; }
+stop_loops() { for p in $loops; do kill "$p" 2>/dev/null || true; done; loops=""; }
+[ "$LOAD" = 1 ] && start_loops
 ina() { ip netns exec "$A" "$@"; }
 inb() { ip netns exec "$B" "$@"; }
 # Datagrams the kernels of both hosts dropped (UDP InErrors: receive buffers full, bad checksums): what
@@ -59,8 +62,11 @@ drops() {
   done
   echo "$n"
 }
-tcp=(); udp=(); mr=()
-for r in $(seq 1 "$ROUNDS"); do
+tcp=(); udp=(); mr=(); idle_tcp=(); idle_mr=()
+# One run of the three (the label says under which load); its figures go to t, c and mb.
+run() {
+  local r=$1
+  shift
   # Every result is read after its run: nothing else takes a CPU from the two ends meanwhile.
   inb iperf3 -s -1 -p 5299 >/dev/null 2>&1 &
   sleep 0.3
@@ -82,13 +88,29 @@ for r in $(seq 1 "$ROUNDS"); do
   dropped=$(( $(drops) - d0 ))
   m=$(echo "$j" | python3 -c 'import json,sys; j=json.loads(sys.stdin.readline()); print(j["bw_avg_gbps"], j["retransmits"], "%d/%d/%d" % (j["lost_by_sack"], j["lost_by_timeout"], j["peer_silent_waits"]), j["path_failures"], j["verified"])')
   read -r mb retx why fails ok <<<"$m"
-  printf 'round %d: iperf3 %.2f Gb/s, udp ceiling %.2f Gb/s (%d-byte datagrams), write-bw %.2f Gb/s (%.2fx, %.2fx) retransmits %s (lost by sack/timeout, peer waits: %s) path failures %s verified %s; datagrams the kernels dropped %d\n' \
+  printf '%s: iperf3 %.2f Gb/s, udp ceiling %.2f Gb/s (%d-byte datagrams), write-bw %.2f Gb/s (%.2fx, %.2fx) retransmits %s (lost by sack/timeout, peer waits: %s) path failures %s verified %s; datagrams the kernels dropped %d\n' \
     "$r" "$t" "$c" "$DGRAM" "$mb" "$(python3 -c "print($mb/$t)")" "$(python3 -c "print($mb/$c)")" "$retx" "$why" "$fails" "$ok" "$dropped"
+}
+for r in $(seq 1 "$ROUNDS"); do
+  if [ "$LOAD" = alt ]; then
+    run "round $r idle" "$@"
+    idle_tcp+=("$t"); idle_mr+=("$mb")
+    start_loops
+    sleep 1  # the loops take their share before the busy runs start
+    run "round $r busy" "$@"
+    stop_loops
+  else
+    run "round $r" "$@"
+  fi
   tcp+=("$t"); udp+=("$c"); mr+=("$mb")
 done
 join() { local IFS=,; echo "$*"; }
 python3 -c "
 import statistics as s
 t=[$(join "${tcp[@]}")]; c=[$(join "${udp[@]}")]; m=[$(join "${mr[@]}")]
-print('MTU $MTU, load $LOAD: median write-bw / iperf3 %.2fx (%.2f / %.2f Gb/s), write-bw / udp ceiling %.2fx (%.2f Gb/s)' % (s.median([a/b for a,b in zip(m,t)]), s.median(m), s.median(t), s.median([a/b for a,b in zip(m,c)]), s.median(c)))
+busy = ' (the busy runs)' if '$LOAD' == 'alt' else ''
+print('MTU $MTU, load $LOAD%s: median write-bw / iperf3 %.2fx (%.2f / %.2f Gb/s), write-bw / udp ceiling %.2fx (%.2f Gb/s)' % (busy, s.median([a/b for a,b in zip(m,t)]), s.median(m), s.median(t), s.median([a/b for a,b in zip(m,c)]), s.median(c)))
+if busy:
+    it=[$(join "${idle_tcp[@]}")]; im=[$(join "${idle_mr[@]}")]
+    print('idle medians: iperf3 %.2f, write-bw %.2f Gb/s; under the load iperf3 keeps %.2f of its idle median, write-bw %.2f' % (s.median(it), s.median(im), s.median(t)/s.median(it), s.median(m)/s.median(im)))
 "
