@@ -102,7 +102,8 @@ pub struct PerfArgs {
     pub paths: u8,
     /// Packets in flight per path (1 to 255). By default up to 128 KiB of packets, or 64 packets
     /// where they fit in 256 KiB, and 16 at least (93 at the 1408-byte payload of MTU 1500, 16 at
-    /// 8896 or 16 KiB), starting at 32 or fewer and growing while nothing is marked.
+    /// 8896 or 16 KiB), starting at 32 KiB of packets (2 to 32) and growing while nothing is
+    /// marked.
     #[arg(long)]
     pub window: Option<u32>,
     /// The backend: udp (MetaRoCE over UDP sockets, runs anywhere) or verbs (libibverbs on an

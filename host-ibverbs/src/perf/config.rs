@@ -388,10 +388,11 @@ fn packet_overhead(ipv4: bool) -> u32 {
 /// (`--window`), both are it. By default, with a controller whose windows grow (ECN AIMD,
 /// MetaRoCE), 128 KiB of packets or 64 packets at most (`udp::window_for`: 128 of 1024 bytes,
 /// 93 of 1408 (the default at MTU 1500), 64 of 4096, 16 of 8896 or 16 KiB),
-/// starting at 32 packets, the flight a shared bottleneck's queue was measured to take from four
+/// starting at 32 KiB of packets (`udp::start_window_for`: 32 of 1024 bytes, 23 of 1408, 8 of
+/// 4096, 2 of 16 KiB), the flight a shared bottleneck's queue was measured to take from four
 /// senders (docs/BENCHMARKS.md: four clients through a 2 MB queue lost their fair shares when
-/// each started at 128); with the others, whose rate or own window is the control and this
-/// only a cap, 32.
+/// each started at 128 of 1024 bytes); with the others, whose rate or own window is the control
+/// and this only a cap, 32.
 pub fn windows(cfg: &PerfConfig, payload: u32) -> (u32, u32) {
     match cfg.window {
         Some(w) => (w, cfg.start_window.unwrap_or(w).min(w)),
@@ -399,7 +400,9 @@ pub fn windows(cfg: &PerfConfig, payload: u32) -> (u32, u32) {
             let max = udp::window_for(payload);
             (
                 max,
-                cfg.start_window.unwrap_or(udp::DEFAULT_WINDOW).min(max),
+                cfg.start_window
+                    .unwrap_or(udp::start_window_for(payload))
+                    .min(max),
             )
         }
         None => (udp::DEFAULT_WINDOW, udp::DEFAULT_WINDOW),

@@ -134,7 +134,8 @@ fn the_default_payload_fills_the_link() {
 }
 
 /// What the windows resolve to: given, both are it; by default the growing controllers (ECN
-/// AIMD, MetaRoCE) start at 32 and grow to 128 KiB or 64 packets, the others keep 32.
+/// AIMD, MetaRoCE) start at 32 KiB of packets and grow to 128 KiB or 64 packets, the others
+/// keep 32.
 #[test]
 fn windows_resolve_by_payload_and_controller() {
     let with = |cc, window, start| {
@@ -143,8 +144,10 @@ fn windows_resolve_by_payload_and_controller() {
         c
     };
     assert_eq!(windows(&with(Cc::MetaRoce, None, None), 1024), (128, 32));
-    assert_eq!(windows(&with(Cc::EcnAimd, None, None), 2048), (64, 32));
-    assert_eq!(windows(&with(Cc::MetaRoce, None, None), 4096), (64, 32));
+    assert_eq!(windows(&with(Cc::EcnAimd, None, None), 2048), (64, 16));
+    assert_eq!(windows(&with(Cc::MetaRoce, None, None), 4096), (64, 8));
+    assert_eq!(windows(&with(Cc::MetaRoce, None, None), 1408), (93, 23));
+    assert_eq!(windows(&with(Cc::MetaRoce, None, None), 16384), (16, 2));
     assert_eq!(windows(&with(Cc::MetaRoce, None, None), 256), (255, 32));
     for cc in [Cc::Dcqcn, Cc::DcqcnPaper, Cc::Timely, Cc::Swift] {
         assert_eq!(windows(&with(cc, None, None), 1024), (32, 32), "{cc:?}");
@@ -162,6 +165,12 @@ fn windows_resolve_by_payload_and_controller() {
     assert_eq!(
         [256, 512, 1024, 2048, 4096, 8192, 9000, 60000].map(udp::window_for),
         [255, 255, 128, 64, 64, 16, 16, 16]
+    );
+    // The start is bytes too: what four senders' first windows put into a shared queue does not
+    // grow with their payload.
+    assert_eq!(
+        [256, 1024, 1408, 4096, 8896, 16384, 60000].map(udp::start_window_for),
+        [32, 32, 23, 8, 3, 2, 2]
     );
 }
 

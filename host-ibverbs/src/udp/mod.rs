@@ -146,6 +146,22 @@ pub const DEFAULT_WINDOW_BYTES: u32 = 128 << 10;
 /// [`DEFAULT_WINDOW_BYTES`] ([`window_for`]).
 pub const MIN_WINDOW_PACKETS: u32 = 64;
 
+/// Bytes a path starts with by default (before its window grows, or its first rate hint comes):
+/// 32 packets of 1 KiB, the flight four senders were measured to fit into a shared 2 MB queue
+/// with their fair shares kept (docs/BENCHMARKS.md, four clients through a tbf), taken in packets
+/// of the payload in use by [`start_window_for`]. A start in packets would grow with the payload
+/// (2 MiB a connection at 16 KiB): a MetaRoCE sender pays for its first window at its first
+/// hint, and one that was alone then paid at the whole line and kept several MB more than the
+/// senders that joined it.
+pub const START_WINDOW_BYTES: u32 = 32 << 10;
+
+/// The window per path a connection starts with by default, packets, for `payload`-byte
+/// packets: [`START_WINDOW_BYTES`] of them, 2 to [`DEFAULT_WINDOW`] (32 at 1024 bytes, 23 at
+/// 1408, 8 at 4096, 3 at 8896, 2 at 16 KiB).
+pub fn start_window_for(payload: u32) -> u32 {
+    (START_WINDOW_BYTES / payload.max(1)).clamp(2, DEFAULT_WINDOW)
+}
+
 /// The default window per path, packets, for `payload`-byte packets: [`DEFAULT_WINDOW_BYTES`]
 /// of them, or [`MIN_WINDOW_PACKETS`] where they fit in twice that, 16 to 255 packets (the
 /// 256-bit SACK bitmap bounds a path's flight). 64 at 4096 bytes and 2048, 128 at 1024.
