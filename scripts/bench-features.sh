@@ -2,7 +2,8 @@
 # What the UDP transport's system-call features buy on loopback: `metaroce write-bw` (defaults:
 # 65536-byte Writes, 8 paths, 16 KiB packets) with each of UDP GSO, UDP GRO and batched calls
 # (sendmmsg/recvmmsg) turned off in turn, then GSO and GRO together (batches alone left), then all
-# three, both ends alike, against the defaults measured in the same round. Prints one line per round and the median ratios.
+# three, both ends alike, against the defaults measured in the same round (on loopback the
+# defaults leave the ICRC off: both ends are on one host). Prints one line per round and the median ratios.
 #
 # Usage: scripts/bench-features.sh [ROUNDS] [SECONDS]
 set -euo pipefail

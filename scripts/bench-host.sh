@@ -8,7 +8,9 @@
 #     and, to tell the socket features from the engine, against the same ping-pong with the
 #     transport's socket features (--like-transport: its datagram length, ECT(0), DF, ECN cmsg,
 #     GRO, 8 MiB buffers, eight path sockets).
-# Prints one line per round and the median ratios. Needs iperf3 (Debian: iperf3).
+# Prints one line per round and the median ratios. Needs iperf3 (Debian: iperf3). The tools'
+# defaults on loopback leave the ICRC off (both ends on one host; `-- --icrc` keeps it): figures
+# from before that default (2026-12-03) had it on.
 #
 # Usage: scripts/bench-host.sh [ROUNDS] [SECONDS] [LAT_SIZE] [LAT_ITERS] [-- extra metaroce client options]
 # (the extra options go to the write-bw and write-lat clients; the server takes what the exchange

@@ -16,6 +16,7 @@ ROUNDS=${1:-5}
 SECS=${2:-3}
 MTU=${3:-1500}
 LOAD=${4:-0}
+case "$LOAD" in 0 | 1 | alt) ;; *) echo "LOAD is 0, 1 or alt, not $LOAD"; exit 2 ;; esac
 shift $(( $# < 4 ? $# : 4 ))
 [ "${1:-}" = "--" ] && shift
 command -v iperf3 >/dev/null || { echo "iperf3 is needed (apt-get install iperf3)"; exit 2; }
@@ -49,7 +50,7 @@ for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
 ip -n "$A" link set va up; ip -n "$B" link set vb up
 loops=""
 start_loops() { for i in 1 2; do (while :; do :; done) & loops="$loops $!"; done; }
-stop_loops() { for p in $loops; do kill "$p" 2>/dev/null || true; done; loops=""; }
+stop_loops() { for p in $loops; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; loops=""; }
 [ "$LOAD" = 1 ] && start_loops
 ina() { ip netns exec "$A" "$@"; }
 inb() { ip netns exec "$B" "$@"; }
@@ -91,14 +92,21 @@ run() {
   printf '%s: iperf3 %.2f Gb/s, udp ceiling %.2f Gb/s (%d-byte datagrams), write-bw %.2f Gb/s (%.2fx, %.2fx) retransmits %s (lost by sack/timeout, peer waits: %s) path failures %s verified %s; datagrams the kernels dropped %d\n' \
     "$r" "$t" "$c" "$DGRAM" "$mb" "$(python3 -c "print($mb/$t)")" "$(python3 -c "print($mb/$c)")" "$retx" "$why" "$fails" "$ok" "$dropped"
 }
+busy_run() {
+  start_loops
+  sleep 1  # the loops take their share before the busy runs start
+  run "round $1 busy" "${@:2}"
+  stop_loops
+  busy_t=$t; busy_c=$c; busy_mb=$mb
+}
 for r in $(seq 1 "$ROUNDS"); do
   if [ "$LOAD" = alt ]; then
+    # Idle first in odd rounds, busy first in even ones: neither always follows the other.
+    [ $((r % 2)) = 0 ] && busy_run "$r" "$@"
     run "round $r idle" "$@"
     idle_tcp+=("$t"); idle_mr+=("$mb")
-    start_loops
-    sleep 1  # the loops take their share before the busy runs start
-    run "round $r busy" "$@"
-    stop_loops
+    [ $((r % 2)) = 1 ] && busy_run "$r" "$@"
+    t=$busy_t; c=$busy_c; mb=$busy_mb
   else
     run "round $r" "$@"
   fi
@@ -111,6 +119,6 @@ t=[$(join "${tcp[@]}")]; c=[$(join "${udp[@]}")]; m=[$(join "${mr[@]}")]
 busy = ' (the busy runs)' if '$LOAD' == 'alt' else ''
 print('MTU $MTU, load $LOAD%s: median write-bw / iperf3 %.2fx (%.2f / %.2f Gb/s), write-bw / udp ceiling %.2fx (%.2f Gb/s)' % (busy, s.median([a/b for a,b in zip(m,t)]), s.median(m), s.median(t), s.median([a/b for a,b in zip(m,c)]), s.median(c)))
 if busy:
-    it=[$(join "${idle_tcp[@]}")]; im=[$(join "${idle_mr[@]}")]
+    it=[$(join ${idle_tcp[@]+"${idle_tcp[@]}"})]; im=[$(join ${idle_mr[@]+"${idle_mr[@]}"})]
     print('idle medians: iperf3 %.2f, write-bw %.2f Gb/s; under the load iperf3 keeps %.2f of its idle median, write-bw %.2f' % (s.median(it), s.median(im), s.median(t)/s.median(it), s.median(m)/s.median(im)))
 "

@@ -149,12 +149,14 @@ pub struct PerfArgs {
     /// CRC-32 over every byte on each end. Only between two metaroce ends: the UDP checksum and
     /// the links' frame checks then guard the data, as they guard TCP's; a RoCE NIC, tshark's
     /// ICRC check and an older metaroce server reject such datagrams. The default when the
-    /// server is on this host (loopback) and no --pcap is written; elsewhere the ICRC is on.
+    /// server is on this host (loopback), no --pcap is written and no --allow-data-redirect
+    /// given, unless the server keeps the ICRC (its --icrc or --pcap); elsewhere it is on.
     #[arg(long, conflicts_with = "icrc")]
     pub no_icrc: bool,
     /// UDP transport: the ICRC on the data path, computed and checked on both ends, also when
     /// the server is on this host (where the default is --no-icrc: those datagrams go from
-    /// memory to memory, and the kernel checks no UDP or TCP checksum there either).
+    /// memory to memory, and the kernel checks no UDP or TCP checksum there either). On a
+    /// server: kept over a client that left it to the address, and a client's --no-icrc refused.
     #[arg(long)]
     pub icrc: bool,
     /// UDP transport: the rate controller, on both ends (the server takes the client's choice;

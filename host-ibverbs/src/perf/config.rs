@@ -356,14 +356,21 @@ impl PerfConfig {
 /// server on an address of this host, which the route gives as the local one), where the
 /// datagrams go from memory to memory and the kernel checks no UDP or TCP checksum either, unless
 /// a capture is written (`--pcap`: what it holds should read as the wire, ICRC and all, in any
-/// RoCE dissector); the ICRC everywhere else.
+/// RoCE dissector) or the data may go elsewhere than the control connection
+/// (`--allow-data-redirect`); the ICRC everywhere else. A server that keeps it (its own `--icrc`
+/// or `--pcap`) overrides a mode left to the address in its answer.
 pub fn icrc_for(cfg: &PerfConfig, local: IpAddr, peer: IpAddr) -> udp::IcrcMode {
     if let Some(m) = cfg.icrc {
         return m;
     }
     let (local, peer) = (local.to_canonical(), peer.to_canonical());
     let same_host = peer.is_loopback() || peer == local;
-    if cfg.transport == Transport::Udp && same_host && cfg.pcap.is_none() {
+    // With --allow-data-redirect the data may go elsewhere than the control connection.
+    if cfg.transport == Transport::Udp
+        && same_host
+        && cfg.pcap.is_none()
+        && !cfg.allow_data_redirect
+    {
         udp::IcrcMode::Off
     } else {
         udp::IcrcMode::Full
@@ -442,6 +449,10 @@ pub fn payload_for(explicit: Option<u32>, link: u32, ipv4: bool) -> Result<u32, 
     match explicit {
         None => Ok(best),
         Some(m) if m <= room => Ok(m),
+        Some(m) if m > udp::MAX_MTU => Err(PerfError::Invalid(format!(
+            "-m {m} is more than the transport's largest payload, {}",
+            udp::MAX_MTU
+        ))),
         Some(m) => Err(PerfError::Invalid(format!(
             "-m {m} does not fit the MTU {link} of the interface without fragmentation; the \
              largest payload that does is {room}"

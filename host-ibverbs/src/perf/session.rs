@@ -93,8 +93,10 @@ pub(super) fn run_client_one(
     let local_ip = cfg
         .bind
         .unwrap_or(chan.local_addr().map_err(OobError::Io)?.ip().to_canonical());
-    // The ICRC goes resolved too: the server runs the client's choice.
+    // The ICRC goes resolved too: the server runs the client's choice, or, when the client left
+    // it to the address and the server keeps it (its --icrc or --pcap), the server's answer.
     let peer_ip = chan.peer_addr().map_err(OobError::Io)?.ip();
+    let icrc_auto = cfg.icrc.is_none();
     let mut resolved = cfg.clone();
     resolved.icrc = Some(super::icrc_for(cfg, local_ip, peer_ip));
     let cfg = &resolved;
@@ -120,10 +122,22 @@ pub(super) fn run_client_one(
     if let Some(d) = cfg.duration {
         hello = hello.with("duration_ms", d.as_millis());
     }
+    if icrc_auto {
+        hello = hello.with("icrc_auto", 1);
+    }
     chan.send(&hello)?;
     let reply = chan.expect("hello", Some(MESSAGE_TIMEOUT))?;
     let (peer_data, peer_qps) = (reply.text("data")?, reply.text("qp")?);
     check_data_address(cfg, &chan, peer_data)?;
+    let mut resolved = resolved.clone();
+    if icrc_auto {
+        // A server from before the field runs the ICRC whatever the hello says.
+        resolved.icrc = Some(match reply.text("icrc").unwrap_or("full") {
+            "off" => udp::IcrcMode::Off,
+            _ => udp::IcrcMode::Full,
+        });
+    }
+    let cfg = &resolved;
     let ep = Endpoint::open(cfg, local_ip, true)?;
     let (data, qps) = ep.local_info();
     chan.send(&Message::new("qps").with("data", data).with("qp", qps))?;
@@ -367,6 +381,21 @@ pub(super) fn session_config(
             )))
         }
     };
+    // This end keeps the ICRC when told to (--icrc) or when it writes a capture: over a mode
+    // the client left to the address (on one host) it wins, and says so in its answer; against
+    // a client's --no-icrc it refuses.
+    let keeps = cfg.icrc == Some(udp::IcrcMode::Full) || cfg.pcap.is_some();
+    if keeps && mine.icrc == Some(udp::IcrcMode::Off) {
+        if hello.text("icrc_auto").is_ok() {
+            mine.icrc = Some(udp::IcrcMode::Full);
+        } else {
+            return Err(PerfError::Mismatch(
+                "the client turns the ICRC off (--no-icrc), and this server keeps it (--icrc or \
+                 --pcap)"
+                    .into(),
+            ));
+        }
+    }
     mine.duration = match hello.text("duration_ms") {
         Ok(_) => Some(Duration::from_millis(hello.get("duration_ms")?)),
         Err(_) => None,
@@ -405,7 +434,12 @@ pub(super) fn serve_channel(
     // Several workers share the host: the first takes the data port, the others any port.
     let ep = Endpoint::open(mine, local_ip, workers > 1)?;
     let (data, qps) = ep.local_info();
-    chan.send(&Message::new("hello").with("data", data).with("qp", qps))?;
+    chan.send(
+        &Message::new("hello")
+            .with("data", data)
+            .with("qp", qps)
+            .with("icrc", icrc_name(mine.icrc.unwrap_or_default())),
+    )?;
     let left = setup_until.saturating_duration_since(Instant::now());
     let qps = chan.expect("qps", Some(left.min(MESSAGE_TIMEOUT)))?;
     check_data_address(mine, chan, qps.text("data")?)?;

@@ -13,7 +13,16 @@ fn run_pair(cfg: PerfConfig) -> (Vec<Report>, Served) {
     run_pair_unlocked(cfg)
 }
 
-fn run_pair_unlocked(mut cfg: PerfConfig) -> (Vec<Report>, Served) {
+fn run_pair_unlocked(cfg: PerfConfig) -> (Vec<Report>, Served) {
+    run_pair_with(cfg, |_| {})
+}
+
+/// [`run_pair_unlocked`] with the server's options changed by `server` after it copies the
+/// client's.
+fn run_pair_with(
+    mut cfg: PerfConfig,
+    server: impl FnOnce(&mut PerfConfig),
+) -> (Vec<Report>, Served) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     cfg.port = listener.local_addr().unwrap().port();
     cfg.data_port = 0;
@@ -24,6 +33,7 @@ fn run_pair_unlocked(mut cfg: PerfConfig) -> (Vec<Report>, Served) {
     // as users give it (the server takes the client's payload from its hello).
     scfg.pcap = None;
     scfg.mtu = None;
+    server(&mut scfg);
     let server = std::thread::Builder::new()
         .stack_size(64 << 20)
         .spawn(move || serve_one(&scfg, &listener))
@@ -130,7 +140,7 @@ fn the_default_payload_fills_the_link() {
     let e = payload_for(Some(65_000), 65_536, true)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("largest payload that does is 64872"), "{e}");
+    assert!(e.contains("transport's largest payload, 64872"), "{e}");
 }
 
 /// What the windows resolve to: given, both are it; by default the growing controllers (ECN
@@ -669,6 +679,57 @@ fn the_icrc_is_off_by_default_only_between_ends_on_this_host_without_a_capture()
         let c = &served.stats["qps"][0]["counters"];
         assert_eq!(c["rx_drop_bad_icrc"], 0, "{c}");
     }
+}
+
+/// A server that keeps the ICRC (`--icrc`, or a capture of its own) wins over a mode the client
+/// left to the address, and says so in its answer, which the client then runs (else every
+/// datagram of one end would be dropped by the other); a client's `--no-icrc` it refuses. A
+/// client allowed to send its data elsewhere than its control connection keeps the ICRC.
+#[test]
+fn a_server_that_keeps_the_icrc_wins_over_the_address_and_refuses_no_icrc() {
+    use std::net::{IpAddr, Ipv4Addr};
+    let hello = |extra: &[(&str, &str)]| {
+        let mut m = Message::new("hello")
+            .with("test", "write-bw")
+            .with("transport", "udp")
+            .with("qps", 1)
+            .with("paths", 8)
+            .with("window", 32)
+            .with("workers", 1)
+            .with("icrc", "off");
+        for (k, v) in extra {
+            m = m.with(k, v);
+        }
+        m
+    };
+    let mut capturing = PerfConfig::new(Test::WriteBw);
+    capturing.pcap = Some("server.pcap".into());
+    let mut keeping = PerfConfig::new(Test::WriteBw);
+    keeping.icrc = Some(udp::IcrcMode::Full);
+    for server in [&capturing, &keeping] {
+        let auto = session_config(server, &hello(&[("icrc_auto", "1")])).unwrap();
+        assert_eq!(auto.cfg.icrc, Some(udp::IcrcMode::Full));
+        let err = session_config(server, &hello(&[])).err().expect("refused");
+        assert!(err.to_string().contains("this server keeps it"), "{err}");
+    }
+    let plain = session_config(&PerfConfig::new(Test::WriteBw), &hello(&[])).unwrap();
+    assert_eq!(plain.cfg.icrc, Some(udp::IcrcMode::Off));
+
+    let mut redirect = PerfConfig::new(Test::WriteBw);
+    redirect.allow_data_redirect = true;
+    let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    assert_eq!(icrc_for(&redirect, lo, lo), udp::IcrcMode::Full);
+
+    // On real sockets: the client leaves it to the address, the server keeps it.
+    let mut cfg = PerfConfig::new(Test::WriteBw);
+    cfg.size = 20_000;
+    cfg.iters = 50;
+    let (reports, served) = run_pair_with(cfg, |s| s.icrc = Some(udp::IcrcMode::Full));
+    let Report::Bw(r) = &reports[0] else { panic!() };
+    assert!(r.verified && served.verified);
+    assert_eq!(served.stats["qps"][0]["icrc"], "full");
+    let c = &served.stats["qps"][0]["counters"];
+    assert_eq!(c["rx_drop_bad_icrc"], 0, "{c}");
 }
 
 #[test]
