@@ -399,7 +399,9 @@ fn packet_overhead(ipv4: bool) -> u32 {
 /// 4096, 2 of 16 KiB), the flight a shared bottleneck's queue was measured to take from four
 /// senders (docs/BENCHMARKS.md: four clients through a 2 MB queue lost their fair shares when
 /// each started at 128 of 1024 bytes); with the others, whose rate or own window is the control
-/// and this only a cap, 32.
+/// and this only a cap, 32 packets or the growing ones' most, whichever is less (16 of 8896 or 16
+/// KiB: a cap in bytes as well, so that the flight before the first cut does not grow with the
+/// payload; on loopback DCQCN and Swift moved the same at 16 and 32 of 16 KiB).
 pub fn windows(cfg: &PerfConfig, payload: u32) -> (u32, u32) {
     match cfg.window {
         Some(w) => (w, cfg.start_window.unwrap_or(w).min(w)),
@@ -412,7 +414,10 @@ pub fn windows(cfg: &PerfConfig, payload: u32) -> (u32, u32) {
                     .min(max),
             )
         }
-        None => (udp::DEFAULT_WINDOW, udp::DEFAULT_WINDOW),
+        None => {
+            let cap = udp::window_for(payload).min(udp::DEFAULT_WINDOW);
+            (cap, cap)
+        }
     }
 }
 

@@ -145,7 +145,7 @@ fn the_default_payload_fills_the_link() {
 
 /// What the windows resolve to: given, both are it; by default the growing controllers (ECN
 /// AIMD, MetaRoCE) start at 32 KiB of packets and grow to 128 KiB or 64 packets, the others
-/// keep 32.
+/// keep 32 (16 of 16 KiB).
 #[test]
 fn windows_resolve_by_payload_and_controller() {
     let with = |cc, window, start| {
@@ -161,6 +161,7 @@ fn windows_resolve_by_payload_and_controller() {
     assert_eq!(windows(&with(Cc::MetaRoce, None, None), 256), (255, 32));
     for cc in [Cc::Dcqcn, Cc::DcqcnPaper, Cc::Timely, Cc::Swift] {
         assert_eq!(windows(&with(cc, None, None), 1024), (32, 32), "{cc:?}");
+        assert_eq!(windows(&with(cc, None, None), 16384), (16, 16), "{cc:?}");
     }
     assert_eq!(windows(&with(Cc::MetaRoce, Some(20), None), 1024), (20, 20));
     // What a server is sent: the client's window and start.
