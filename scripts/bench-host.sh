@@ -34,14 +34,8 @@ C=$T/release/examples/udp_ceiling
 # among the extra options, else the tools' default at loopback's MTU: the largest multiple of 64
 # bytes beside IPv4, UDP and 64 bytes of headers, up to 16 KiB), ICRC 4 (there with --no-icrc too).
 LO_MTU=$(cat /sys/class/net/lo/mtu 2>/dev/null || echo 65536)
-PAYLOAD=$(python3 -c "print(min((${LO_MTU}-20-8-64)//64*64, 16384))")
-for ((i = 0; i < ${#EXTRA[@]}; i++)); do
-  case "${EXTRA[$i]}" in
-    -m | --mtu) PAYLOAD=${EXTRA[$((i + 1))]:-$PAYLOAD} ;;
-    --mtu=*) PAYLOAD=${EXTRA[$i]#--mtu=} ;;
-    -m*) PAYLOAD=${EXTRA[$i]#-m}; PAYLOAD=${PAYLOAD#=} ;;
-  esac
-done
+. scripts/payload.sh
+PAYLOAD=$(payload_of "$LO_MTU" ${EXTRA[@]+"${EXTRA[@]}"})
 DGRAM=$((PAYLOAD + 52))
 py() { python3 -c "$1"; }
 bw_tcp=(); bw_mr=(); bw_udp=(); lat_udp50=(); lat_udp99=(); lat_mr50=(); lat_mr99=(); lat_like50=(); lat_like99=()

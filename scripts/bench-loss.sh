@@ -27,15 +27,8 @@ M=$T/release/metaroce
 # (the largest multiple of 64 bytes beside IPv4, UDP and 64 bytes of headers: 1408; -m among the
 # extra options sets it) + BTH 12 + data header 24 + remote header 12 + ICRC 4, plus UDP 8 and IPv4
 # 20 as nftables counts at the input hook.
-PAYLOAD=$(python3 -c "print(min((1500-20-8-64)//64*64, 16384))")
-EXTRA=("$@")
-for ((i = 0; i < ${#EXTRA[@]}; i++)); do
-  case "${EXTRA[$i]}" in
-    -m | --mtu) PAYLOAD=${EXTRA[$((i + 1))]:-$PAYLOAD} ;;
-    --mtu=*) PAYLOAD=${EXTRA[$i]#--mtu=} ;;
-    -m*) PAYLOAD=${EXTRA[$i]#-m}; PAYLOAD=${PAYLOAD#=} ;;
-  esac
-done
+. scripts/payload.sh
+PAYLOAD=$(payload_of 1500 "$@")
 DGRAM=$((PAYLOAD + 52 + 28))
 A=mrloss_a$$; B=mrloss_b$$
 cleanup() {

@@ -27,15 +27,8 @@ C=$T/release/examples/udp_ceiling
 # write-bw's Write packets, BTH to ICRC: the payload (-m/--mtu among the extra options, else the
 # tools' default: the largest multiple of 64 bytes that fits the veth beside IPv4, UDP and 64 bytes
 # of headers, up to 16 KiB) plus BTH 12, data header 24, remote header 12, ICRC 4.
-payload=$(python3 -c "print(min(($MTU-20-8-64)//64*64, 16384))")
-EXTRA=("$@")
-for ((i = 0; i < ${#EXTRA[@]}; i++)); do
-  case "${EXTRA[$i]}" in
-    -m | --mtu) payload=${EXTRA[$((i + 1))]:-$payload} ;;
-    --mtu=*) payload=${EXTRA[$i]#--mtu=} ;;
-    -m*) payload=${EXTRA[$i]#-m}; payload=${payload#=} ;;
-  esac
-done
+. scripts/payload.sh
+payload=$(payload_of "$MTU" "$@")
 DGRAM=$((payload + 52))
 A=mrbench_a$$; B=mrbench_b$$
 cleanup() {

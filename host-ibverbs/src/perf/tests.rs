@@ -682,6 +682,21 @@ fn the_icrc_is_off_by_default_only_between_ends_on_this_host_without_a_capture()
     }
 }
 
+/// A client's hello for write-bw over UDP with one queue pair, and `extra` fields.
+fn client_hello(extra: &[(&str, &str)]) -> Message {
+    let mut m = Message::new("hello")
+        .with("test", "write-bw")
+        .with("transport", "udp")
+        .with("qps", 1)
+        .with("paths", 8)
+        .with("window", 32)
+        .with("workers", 1);
+    for (k, v) in extra {
+        m = m.with(k, v);
+    }
+    m
+}
+
 /// A server that keeps the ICRC (`--icrc`, or a capture of its own) wins over a mode the client
 /// left to the address, and says so in its answer, which the client then runs (else every
 /// datagram of one end would be dropped by the other); a client's `--no-icrc` it refuses. A
@@ -689,20 +704,7 @@ fn the_icrc_is_off_by_default_only_between_ends_on_this_host_without_a_capture()
 #[test]
 fn a_server_that_keeps_the_icrc_wins_over_the_address_and_refuses_no_icrc() {
     use std::net::{IpAddr, Ipv4Addr};
-    let hello = |extra: &[(&str, &str)]| {
-        let mut m = Message::new("hello")
-            .with("test", "write-bw")
-            .with("transport", "udp")
-            .with("qps", 1)
-            .with("paths", 8)
-            .with("window", 32)
-            .with("workers", 1)
-            .with("icrc", "off");
-        for (k, v) in extra {
-            m = m.with(k, v);
-        }
-        m
-    };
+    let hello = |extra: &[(&str, &str)]| client_hello(&[&[("icrc", "off")], extra].concat());
     let mut capturing = PerfConfig::new(Test::WriteBw);
     capturing.pcap = Some("server.pcap".into());
     let mut keeping = PerfConfig::new(Test::WriteBw);
@@ -866,19 +868,7 @@ fn servers_sharing_a_table_divide_the_line_between_their_clients() {
 #[test]
 fn a_hello_with_an_unknown_controller_or_icrc_mode_is_refused() {
     let cfg = PerfConfig::new(Test::WriteBw);
-    let hello = |extra: &[(&str, &str)]| {
-        let mut m = Message::new("hello")
-            .with("test", "write-bw")
-            .with("transport", "udp")
-            .with("qps", 1)
-            .with("paths", 8)
-            .with("window", 32)
-            .with("workers", 1);
-        for (k, v) in extra {
-            m = m.with(k, v);
-        }
-        m
-    };
+    let hello = client_hello;
     let old = session_config(&cfg, &hello(&[])).unwrap();
     assert_eq!(
         (old.cfg.cc, old.cfg.icrc),
