@@ -58,8 +58,10 @@ pub struct BwResult {
     pub paths_used: usize,
     /// Paths declared failed (each then took a new UDP source port), all connections.
     pub path_failures: u64,
-    /// Why packets were sent again: losses shown by SACK gaps or by a tail probe's answer, and
-    /// losses declared by a retransmission timeout, all connections.
+    /// Why packets were sent again: transmissions declared lost by SACK gaps or by a tail
+    /// probe's answer, and by a retransmission timeout, all connections. A packet found
+    /// acknowledged before its retransmission leaves is not sent again, so these may exceed
+    /// `retransmits` (beside busy loops: 58 declared, none sent again).
     pub lost_by_sack: u64,
     /// See `lost_by_sack`.
     pub lost_by_timeout: u64,
