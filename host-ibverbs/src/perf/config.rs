@@ -377,6 +377,18 @@ pub fn icrc_for(cfg: &PerfConfig, local: IpAddr, peer: IpAddr) -> udp::IcrcMode 
     }
 }
 
+/// The ICRC a client runs once the server answered: `asked` when the client chose it; when the
+/// client left it to the address, the ICRC if the server keeps it (its answer says `full`, or, from
+/// a server before the field, says nothing), never the other way: a server cannot turn off what
+/// the address kept.
+pub fn icrc_after_answer(asked: udp::IcrcMode, auto: bool, answer: Option<&str>) -> udp::IcrcMode {
+    if auto && answer != Some("off") {
+        udp::IcrcMode::Full
+    } else {
+        asked
+    }
+}
+
 /// The name of an ICRC mode in the connection exchange (`icrc=full|off`).
 pub(super) fn icrc_name(m: udp::IcrcMode) -> &'static str {
     match m {

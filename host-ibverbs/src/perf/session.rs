@@ -130,13 +130,11 @@ pub(super) fn run_client_one(
     let (peer_data, peer_qps) = (reply.text("data")?, reply.text("qp")?);
     check_data_address(cfg, &chan, peer_data)?;
     let mut resolved = resolved.clone();
-    if icrc_auto {
-        // A server from before the field runs the ICRC whatever the hello says.
-        resolved.icrc = Some(match reply.text("icrc").unwrap_or("full") {
-            "off" => udp::IcrcMode::Off,
-            _ => udp::IcrcMode::Full,
-        });
-    }
+    resolved.icrc = Some(super::icrc_after_answer(
+        resolved.icrc.unwrap_or_default(),
+        icrc_auto,
+        reply.text("icrc").ok(),
+    ));
     let cfg = &resolved;
     let ep = Endpoint::open(cfg, local_ip, true)?;
     let (data, qps) = ep.local_info();

@@ -718,6 +718,28 @@ fn a_server_that_keeps_the_icrc_wins_over_the_address_and_refuses_no_icrc() {
     let plain = session_config(&PerfConfig::new(Test::WriteBw), &hello(&[])).unwrap();
     assert_eq!(plain.cfg.icrc, Some(udp::IcrcMode::Off));
 
+    // What the client runs after the answer: a server may keep the ICRC over the address's
+    // choice, never drop it.
+    let (full, off) = (udp::IcrcMode::Full, udp::IcrcMode::Off);
+    assert_eq!(icrc_after_answer(off, true, Some("full")), full);
+    assert_eq!(
+        icrc_after_answer(off, true, None),
+        full,
+        "a server before the field"
+    );
+    assert_eq!(icrc_after_answer(off, true, Some("off")), off);
+    assert_eq!(
+        icrc_after_answer(full, true, Some("off")),
+        full,
+        "not turned off"
+    );
+    assert_eq!(
+        icrc_after_answer(off, false, Some("full")),
+        off,
+        "--no-icrc"
+    );
+    assert_eq!(icrc_after_answer(full, false, Some("off")), full, "--icrc");
+
     let mut redirect = PerfConfig::new(Test::WriteBw);
     redirect.allow_data_redirect = true;
     let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
