@@ -217,7 +217,9 @@ pub struct PerfConfig {
     /// server's): computed and checked (`--icrc`), or neither (`--no-icrc`). None: the client
     /// chooses ([`icrc_for`]): off when the server is on this host and no capture is written
     /// (the datagrams never leave memory, where the kernel checksums neither UDP nor TCP),
-    /// computed and checked otherwise. A server always runs the client's choice.
+    /// computed and checked otherwise. A server runs the client's choice, but one that keeps the
+    /// ICRC (its own `--icrc` or `--pcap`) keeps it over a choice left to the address and refuses
+    /// a client's `--no-icrc`.
     pub icrc: Option<udp::IcrcMode>,
     /// Work requests in flight per connection (bandwidth tests).
     pub tx_depth: u32,

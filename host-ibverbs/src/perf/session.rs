@@ -129,7 +129,6 @@ pub(super) fn run_client_one(
     let reply = chan.expect("hello", Some(MESSAGE_TIMEOUT))?;
     let (peer_data, peer_qps) = (reply.text("data")?, reply.text("qp")?);
     check_data_address(cfg, &chan, peer_data)?;
-    let mut resolved = resolved.clone();
     resolved.icrc = Some(super::icrc_after_answer(
         resolved.icrc.unwrap_or_default(),
         icrc_auto,
