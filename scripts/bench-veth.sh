@@ -4,10 +4,10 @@
 # ceiling at write-bw's datagram size (host-ibverbs/examples/udp_ceiling.rs: GSO sender, GRO
 # receiver), and `metaroce write-bw` (UDP transport, -D seconds, defaults unless given); with
 # LOAD=1, two busy loops run beside both ends meanwhile (any real host has other work); with
-# LOAD=alt, every round runs idle and then beside the two loops, and the summary says how much of
-# its idle median each of iperf3 and write-bw keeps under the load (the issue's "loses no more
-# than iperf3" as one interleaved series). Prints one line per run and the median ratios. Needs
-# root, iproute2 and iperf3.
+# LOAD=alt, every round runs idle and beside the two loops (taking turns at going first), and the
+# summary says how much of its idle median each of iperf3 and write-bw keeps under the load (the
+# issue's "loses no more than iperf3" as one interleaved series). Prints one line per run and the
+# median ratios. Needs root, iproute2 and iperf3.
 #
 # Usage: scripts/bench-veth.sh [ROUNDS] [SECONDS] [MTU] [LOAD: 0, 1 or alt] [-- extra write-bw client options]
 set -euo pipefail

@@ -353,6 +353,13 @@ impl PerfConfig {
     }
 }
 
+/// A server's payload: its own (`own`, what its interface fits) or the client's (`peer`, from
+/// its hello), whichever is less, so that it sends no larger packets than its client does; never
+/// below 256 bytes, whatever a hello says.
+pub fn payload_with_peer(own: u32, peer: Option<u32>) -> u32 {
+    own.min(peer.unwrap_or(u32::MAX).max(256))
+}
+
 /// The ICRC a client runs, and has its server run, toward `peer` from `local`: the one chosen
 /// (`--icrc`, `--no-icrc`), else none between two ends on this host (a loopback address, or the
 /// server on an address of this host, which the route gives as the local one), where the

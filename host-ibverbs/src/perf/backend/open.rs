@@ -65,9 +65,10 @@ pub(super) fn open_udp(
         }
         Err(e) => return Err(e.into()),
     };
-    // A server sends no larger packets than its client does (both ends' interfaces fit them).
-    let mtu = crate::perf::packet_mtu(cfg.mtu, local_ip)?
-        .min(cfg.peer_payload.unwrap_or(u32::MAX).max(256));
+    let mtu = crate::perf::payload_with_peer(
+        crate::perf::packet_mtu(cfg.mtu, local_ip)?,
+        cfg.peer_payload,
+    );
     let (window, start_window) = crate::perf::windows(cfg, mtu);
     let pd = ctx.alloc_pd();
     let cq = ctx.create_cq();
