@@ -757,6 +757,33 @@ fn a_server_that_keeps_the_icrc_wins_over_the_address_and_refuses_no_icrc() {
     assert_eq!(c["rx_drop_bad_icrc"], 0, "{c}");
 }
 
+/// What a client's hello says of its payload is bounded before the server uses it: a payload of
+/// 0 or 1 leaves the server at 256 bytes, a huge one at its own; one that is not a number is
+/// refused with the field named. An `icrc_auto` of any value only marks the choice as left to
+/// the address (a server that keeps nothing runs what the hello says).
+#[test]
+fn a_hostile_hello_payload_is_bounded_or_refused() {
+    let server = PerfConfig::new(Test::WriteBw);
+    for (value, peer) in [("0", 0), ("1", 1), ("4294967295", u32::MAX), ("2048", 2048)] {
+        let s = session_config(&server, &client_hello(&[("payload", value)])).unwrap();
+        assert_eq!(s.cfg.peer_payload, Some(peer), "{value}");
+    }
+    assert_eq!(payload_with_peer(1408, Some(0)), 256);
+    assert_eq!(payload_with_peer(1408, Some(1)), 256);
+    assert_eq!(payload_with_peer(1408, Some(u32::MAX)), 1408);
+    assert_eq!(payload_with_peer(16384, Some(2048)), 2048);
+    assert_eq!(payload_with_peer(16384, None), 16384);
+    for value in ["-1", "4294967296", "abc", &"9".repeat(4000)[..]] {
+        let err = session_config(&server, &client_hello(&[("payload", value)]))
+            .err()
+            .expect("refused");
+        assert!(err.to_string().contains("payload"), "{value:.20}: {err}");
+    }
+    let odd = client_hello(&[("icrc", "off"), ("icrc_auto", "\u{7f}yes")]);
+    let s = session_config(&server, &odd).unwrap();
+    assert_eq!(s.cfg.icrc, Some(udp::IcrcMode::Off));
+}
+
 #[test]
 fn without_the_icrc_is_refused_over_verbs() {
     let mut cfg = PerfConfig::new(Test::WriteBw);
