@@ -191,6 +191,14 @@ pub struct PerfArgs {
     /// UDP transport: no UDP GRO (the kernel hands over datagrams one by one).
     #[arg(long)]
     pub no_gro: bool,
+    /// UDP transport: send and receive through an AF_XDP socket on the interface of the local
+    /// address (copy mode), not the kernel's UDP stack: arrivals are read without a system call
+    /// (a shorter round trip), each datagram a frame of its own (less bulk than GSO and GRO).
+    /// IPv4, one receive queue, XDP in the interface's driver (a veth), root; a peer on this
+    /// host or not yet in the neighbour table goes through the socket. The wire is the same: the
+    /// peer need not use it. Keeps the ICRC (no --no-icrc)
+    #[arg(long)]
+    pub xdp: bool,
     /// UDP transport: one message per system call (no sendmmsg/recvmmsg batches; GSO and GRO
     /// still coalesce unless turned off too).
     #[arg(long)]
@@ -295,6 +303,7 @@ fn config(test: Test, a: &PerfArgs) -> Result<PerfConfig, String> {
     c.spray_burst = a.spray_burst;
     c.outs = a.outs;
     c.gro = !a.no_gro;
+    c.xdp = a.xdp;
     c.batch = !a.no_batch;
     c.threads = a.threads;
     c.samples = a.report_histogram || a.report_unsorted;

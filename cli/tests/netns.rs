@@ -205,6 +205,17 @@ impl Hosts {
         args.extend_from_slice(client_args);
         pair(test, &s, &[], &c, &args, &self.server, &[])
     }
+
+    /// As `run`, with options for the server too.
+    fn run_both(&self, test: &str, server_args: &[&str], client_args: &[&str]) -> common::Pair {
+        let sa = self.exec(&self.b);
+        let ca = self.exec(&self.a);
+        let s: Vec<&str> = sa.iter().map(String::as_str).collect();
+        let c: Vec<&str> = ca.iter().map(String::as_str).collect();
+        let mut args = vec!["--json"];
+        args.extend_from_slice(client_args);
+        pair(test, &s, server_args, &c, &args, &self.server, &[])
+    }
 }
 
 impl Drop for Hosts {
@@ -617,6 +628,58 @@ fn an_unreachable_server_is_named() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("10.99.0.1:18515 is unreachable"), "{err}");
+}
+
+/// The AF_XDP datapath (`--xdp`) on both ends: Writes, Sends, Reads and a ping-pong between two
+/// namespaces, every byte verified, and the server's datagrams both ways went through its AF_XDP
+/// socket (a veth runs XDP in its driver).
+#[test]
+#[ignore = "needs root for network namespaces; scripts/test.sh runs it"]
+fn the_xdp_datapath_carries_every_test_between_two_namespaces() {
+    let _one_at_a_time = serial();
+    let h = Hosts::new();
+    for (test, args) in [
+        ("write-bw", &["-s", "1048576", "-n", "8", "--xdp"][..]),
+        ("send-bw", &["-s", "65536", "-n", "64", "--xdp"][..]),
+        ("read-bw", &["-s", "1048576", "-n", "8", "--xdp"][..]),
+        ("write-lat", &["-s", "2", "-n", "2000", "--xdp"][..]),
+    ] {
+        let p = h.run_both(test, &["--xdp"], args);
+        assert_success(&p);
+        let r = &p.client_json()[0];
+        assert_eq!(r["verified"], true, "{test}: {r}");
+        assert_eq!(p.server_json()["verified"], true, "{test}");
+        let rx = server_device_counter(&p, "rx_packets");
+        let xrx = server_device_counter(&p, "xdp_rx_frames");
+        let xtx = server_device_counter(&p, "xdp_tx_frames");
+        // Every arrival came through the ring (the control connection resolved the peer's MAC
+        // before the first datagram), and what the server sent left through it.
+        assert!(rx > 0 && xrx == rx, "{test}: {xrx} of {rx} through XDP");
+        assert!(xtx > 0, "{test}: nothing sent through XDP");
+        assert_eq!(server_device_counter(&p, "xdp_rx_dropped"), 0, "{test}");
+        assert_eq!(server_device_counter(&p, "xdp_tx_no_room"), 0, "{test}");
+        assert_eq!(server_counter(&p, "rx_drop_bad_icrc"), 0, "{test}");
+    }
+}
+
+/// An end with `--xdp` talks to one without: the plain client's kernel takes the frames the
+/// server builds (its IPv4 and UDP checksums checked by the kernel), and the server's XDP program
+/// takes the kernel's datagrams.
+#[test]
+#[ignore = "needs root for network namespaces; scripts/test.sh runs it"]
+fn an_xdp_end_and_a_socket_end_talk() {
+    let _one_at_a_time = serial();
+    let h = Hosts::new();
+    let p = h.run_both("write-bw", &["--xdp"], &["-s", "1048576", "-n", "8"]);
+    assert_success(&p);
+    let r = &p.client_json()[0];
+    assert_eq!(r["verified"], true, "{r}");
+    assert!(server_device_counter(&p, "xdp_rx_frames") > 0);
+    assert!(server_device_counter(&p, "xdp_tx_frames") > 0);
+    assert_eq!(
+        r["retransmits"], 0,
+        "the plain client's kernel took every frame: {r}"
+    );
 }
 
 /// Processes that spin on the machine's cores until dropped.

@@ -244,6 +244,8 @@ pub struct PerfConfig {
     pub spray_burst: u8,
     /// UDP transport: UDP GRO on receives.
     pub gro: bool,
+    /// UDP transport: datagrams through an AF_XDP socket (`udp::DeviceConfig::xdp`).
+    pub xdp: bool,
     /// UDP transport: several datagrams per system call (`sendmmsg`, `recvmmsg`).
     pub batch: bool,
     /// Capture file.
@@ -324,6 +326,7 @@ impl PerfConfig {
             copy_send: false,
             spray_burst: udp::DEFAULT_SPRAY_BURST,
             gro: true,
+            xdp: false,
             batch: true,
             pcap: None,
             progress: true,
@@ -366,7 +369,8 @@ pub fn payload_with_peer(own: u32, peer: Option<u32>) -> u32 {
 /// datagrams go from memory to memory and the kernel checks no UDP or TCP checksum either, unless
 /// a capture is written (`--pcap`: what it holds should read as the wire, ICRC and all, in any
 /// RoCE dissector) or the data may go elsewhere than the control connection
-/// (`--allow-data-redirect`); the ICRC everywhere else. A server that keeps it (its own `--icrc`
+/// (`--allow-data-redirect`) or the AF_XDP datapath runs (`--xdp`: its arrivals are checked by
+/// no UDP checksum); the ICRC everywhere else. A server that keeps it (its own `--icrc`
 /// or `--pcap`) overrides a mode left to the address in its answer.
 pub fn icrc_for(cfg: &PerfConfig, local: IpAddr, peer: IpAddr) -> udp::IcrcMode {
     if let Some(m) = cfg.icrc {
@@ -378,6 +382,7 @@ pub fn icrc_for(cfg: &PerfConfig, local: IpAddr, peer: IpAddr) -> udp::IcrcMode 
     if cfg.transport == Transport::Udp
         && same_host
         && cfg.pcap.is_none()
+        && !cfg.xdp
         && !cfg.allow_data_redirect
     {
         udp::IcrcMode::Off
@@ -539,6 +544,23 @@ pub(super) fn validate(cfg: &PerfConfig) -> Result<(), PerfError> {
     }
     if cfg.tx_depth == 0 {
         return Err(PerfError::Invalid("-t must be at least 1".into()));
+    }
+    if cfg.xdp && cfg.transport != Transport::Udp {
+        return Err(PerfError::Invalid(
+            "--xdp applies to the UDP transport".into(),
+        ));
+    }
+    if cfg.xdp && cfg.threads > 1 {
+        return Err(PerfError::Invalid(
+            "--xdp takes one worker thread (an interface's queue takes one AF_XDP socket)".into(),
+        ));
+    }
+    if cfg.xdp && cfg.icrc == Some(udp::IcrcMode::Off) {
+        return Err(PerfError::Invalid(
+            "--xdp needs the ICRC: no UDP checksum is checked on the frames it reads (no \
+             --no-icrc)"
+                .into(),
+        ));
     }
     if cfg.icrc.is_some_and(|m| m != udp::IcrcMode::Full) && cfg.transport != Transport::Udp {
         return Err(PerfError::Invalid(

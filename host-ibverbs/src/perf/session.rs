@@ -378,17 +378,18 @@ pub(super) fn session_config(
             )))
         }
     };
-    // This end keeps the ICRC when told to (--icrc) or when it writes a capture: over a mode
+    // This end keeps the ICRC when told to (--icrc), when it writes a capture, or when its
+    // arrivals come through AF_XDP (no UDP checksum checked there): over a mode
     // the client left to the address (on one host) it wins, and says so in its answer; against
     // a client's --no-icrc it refuses.
-    let keeps = cfg.icrc == Some(udp::IcrcMode::Full) || cfg.pcap.is_some();
+    let keeps = cfg.icrc == Some(udp::IcrcMode::Full) || cfg.pcap.is_some() || cfg.xdp;
     if keeps && mine.icrc == Some(udp::IcrcMode::Off) {
         if hello.text("icrc_auto").is_ok() {
             mine.icrc = Some(udp::IcrcMode::Full);
         } else {
             return Err(PerfError::Mismatch(
-                "the client turns the ICRC off (--no-icrc), and this server keeps it (--icrc or \
-                 --pcap)"
+                "the client turns the ICRC off (--no-icrc), and this server keeps it (--icrc, \
+                 --pcap or --xdp)"
                     .into(),
             ));
         }

@@ -1004,3 +1004,42 @@ fn a_servers_account_of_a_failure_is_plain_and_short() {
         Some("the server found a byte or a count wrong")
     );
 }
+
+/// `--xdp` reads frames whose UDP checksum nobody checks, so it keeps the ICRC: a client's
+/// `--no-icrc` with it is refused up front, and a server with it refuses a client's. It takes one
+/// worker thread (a queue takes one AF_XDP socket) and the UDP transport.
+#[test]
+fn the_xdp_datapath_keeps_the_icrc_one_thread_and_the_udp_transport() {
+    let with = |change: fn(&mut PerfConfig)| {
+        let mut cfg = PerfConfig::new(Test::WriteBw);
+        cfg.xdp = true;
+        cfg.qps = 2;
+        change(&mut cfg);
+        validate(&cfg).map_err(|e| e.to_string())
+    };
+    assert!(with(|_| {}).is_ok());
+    for (change, says) in [
+        (
+            (|c: &mut PerfConfig| c.icrc = Some(crate::udp::IcrcMode::Off)) as fn(&mut PerfConfig),
+            "--xdp needs the ICRC",
+        ),
+        (|c| c.threads = 2, "--xdp takes one worker thread"),
+        (
+            |c| c.transport = Transport::Verbs,
+            "--xdp applies to the UDP transport",
+        ),
+    ] {
+        let e = with(change).unwrap_err();
+        assert!(e.contains(says), "{e}");
+    }
+    let mut server = PerfConfig::new(Test::WriteBw);
+    server.xdp = true;
+    let e = refused(server, |c| {
+        c.xdp = false;
+        c.icrc = Some(crate::udp::IcrcMode::Off);
+    });
+    assert!(
+        e.contains("this server keeps it (--icrc, --pcap or --xdp)"),
+        "{e}"
+    );
+}

@@ -196,6 +196,9 @@ pub(crate) struct Engine {
     pub share_table: Option<crate::udp::share_table::ShareTable>,
     /// When the fair shares are next computed.
     share_at: Instant,
+    /// The AF_XDP datapath, when the device has one (`DeviceConfig::xdp`): datagrams leave and
+    /// arrive through it, and through the UDP socket only where it cannot take them.
+    pub xdp: Option<Box<super::xdp::Xdp>>,
 }
 
 impl Engine {
@@ -244,7 +247,21 @@ impl Engine {
             fair: None,
             share_table: None,
             share_at: Instant::ZERO,
+            xdp: None,
         }
+    }
+
+    /// The device-wide counters, the AF_XDP datapath's included.
+    pub fn device_counters(&self) -> EngineCounters {
+        let mut c = self.counters;
+        if let Some(x) = &self.xdp {
+            c.xdp_rx_frames = x.counters.rx_frames;
+            c.xdp_rx_dropped = x.counters.rx_dropped;
+            c.xdp_tx_frames = x.counters.tx_frames;
+            c.xdp_tx_kicks = x.counters.tx_kicks;
+            c.xdp_tx_no_room = x.counters.tx_no_room;
+        }
+        c
     }
 
     /// Nanoseconds since the device opened.
@@ -340,7 +357,7 @@ impl Engine {
             let timeout = (wait.as_nanos() as u64).min(self.deadline.since(now));
             // Waking later than asked (or than a datagram came) is the host's delay, not ours.
             self.expected_at = now + timeout;
-            if timeout > 0 && self.rx.wait_readable_ns(timeout).unwrap_or(false) {
+            if timeout > 0 && self.wait_readable(timeout) {
                 // What arrived while this end slept is dated by the kernel: the time to wake up
                 // counts in no RTT and no ACK delay.
                 let now = self.now();
@@ -354,6 +371,18 @@ impl Engine {
             }
         }
         busy
+    }
+
+    /// Sleeps until a datagram waits on the UDP socket or the AF_XDP socket, or `timeout_ns`
+    /// passes; whether one waits.
+    fn wait_readable(&self, timeout_ns: u64) -> bool {
+        let ready = match &self.xdp {
+            Some(x) => {
+                super::socket::wait_readable_fds(&[self.rx.raw_fd(), x.raw_fd()], timeout_ns)
+            }
+            None => self.rx.wait_readable_ns(timeout_ns),
+        };
+        ready.unwrap_or(false)
     }
 
     /// The engine did not run for a while although it had asked to: what the connections'

@@ -22,6 +22,7 @@ mod error;
 pub mod share_table;
 pub mod socket;
 pub mod stats;
+pub mod xdp;
 
 pub use engine::{MAX_INFLIGHT, MAX_PATHS, QUEUE, REGIONS, STREAMS};
 pub use error::{Error, ErrorKind};
@@ -32,8 +33,9 @@ use metaroce_frames::capture::PcapWriter;
 use socket::{SocketOptions, UdpSocket};
 use std::alloc::Layout;
 use std::cell::{Cell, RefCell};
+use std::io;
 use std::io::BufWriter;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 use std::ptr::NonNull;
 use std::rc::Rc;
@@ -85,6 +87,10 @@ pub struct DeviceConfig {
     /// The sockets' priority (`SO_PRIORITY`, 0 to 6; on a VLAN the PCP the interface maps it
     /// to): the UDP transport's counterpart of a RoCE service level (`-S`).
     pub priority: u8,
+    /// Send and receive through an AF_XDP socket on the interface of `local_ip` ([`xdp`]):
+    /// arrivals read without a system call. IPv4, an interface with one receive queue and XDP in
+    /// its driver, root.
+    pub xdp: bool,
 }
 
 impl DeviceConfig {
@@ -105,6 +111,7 @@ impl DeviceConfig {
             share_table: None,
             traffic_class: 0,
             priority: 0,
+            xdp: false,
         }
     }
 }
@@ -326,6 +333,24 @@ impl Context {
                 )
             }
         };
+        let xdp = if cfg.xdp {
+            let IpAddr::V4(ip) = cfg.local_ip else {
+                return Err(Error::io(
+                    "open_device",
+                    "open the AF_XDP datapath",
+                    Some(addr),
+                    io::Error::new(io::ErrorKind::Unsupported, "IPv4 only"),
+                ));
+            };
+            let local = SocketAddrV4::new(ip, rx.local_addr().port());
+            Some(Box::new(
+                xdp::Xdp::open(local, cfg.traffic_class >> 2).map_err(|e| {
+                    Error::io("open_device", "open the AF_XDP datapath", Some(addr), e)
+                })?,
+            ))
+        } else {
+            None
+        };
         let mut engine = Engine::new(
             rx,
             opts,
@@ -335,6 +360,7 @@ impl Context {
             cfg.busy_poll,
             pcap,
         );
+        engine.xdp = xdp;
         if cfg.line_rate_mbps > 0 {
             engine.fair = Some(transport_core::rate::FairShare::new(
                 cfg.line_rate_mbps,
@@ -432,7 +458,7 @@ impl Context {
 
     /// Device-wide counters.
     pub fn counters(&self) -> stats::EngineCounters {
-        self.with(|e| e.counters)
+        self.with(|e| e.device_counters())
     }
 
     /// Every connected queue pair's counters and paths.

@@ -682,26 +682,42 @@ impl UdpSocket {
     /// Waits until the socket is readable or `timeout_ns` passes, with nanosecond resolution
     /// (`ppoll`): the connection's timers are microseconds.
     pub fn wait_readable_ns(&self, timeout_ns: u64) -> io::Result<bool> {
-        let mut pfd = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ts = libc::timespec {
-            tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
-            tv_nsec: (timeout_ns % 1_000_000_000) as _,
-        };
-        // SAFETY: `pfd` is one live pollfd and `ts` a live timespec; no signal mask is changed.
-        let n = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
-        if n < 0 {
-            let err = io::Error::last_os_error();
-            if err.kind() == io::ErrorKind::Interrupted {
-                return Ok(false);
-            }
-            return Err(err);
-        }
-        Ok(n > 0)
+        wait_readable_fds(&[self.fd.as_raw_fd()], timeout_ns)
     }
+
+    /// The socket's descriptor (to wait on it beside others).
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// Sleeps until one of `fds` is readable or `timeout_ns` passes (a signal ends it early);
+/// whether one is.
+pub fn wait_readable_fds(fds: &[std::os::fd::RawFd], timeout_ns: u64) -> io::Result<bool> {
+    let mut pfds = [libc::pollfd {
+        fd: -1,
+        events: libc::POLLIN,
+        revents: 0,
+    }; 4];
+    let n = fds.len().min(pfds.len());
+    for (p, &fd) in pfds.iter_mut().zip(&fds[..n]) {
+        p.fd = fd;
+    }
+    let ts = libc::timespec {
+        tv_sec: (timeout_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (timeout_ns % 1_000_000_000) as _,
+    };
+    // SAFETY: `pfds` holds `n` live pollfds and `ts` is a live timespec; no signal mask is
+    // changed.
+    let r = unsafe { libc::ppoll(pfds.as_mut_ptr(), n as libc::nfds_t, &ts, std::ptr::null()) };
+    if r < 0 {
+        let err = io::Error::last_os_error();
+        if err.kind() == io::ErrorKind::Interrupted {
+            return Ok(false);
+        }
+        return Err(err);
+    }
+    Ok(r > 0)
 }
 
 #[cfg(test)]

@@ -84,10 +84,14 @@ impl<'a> FrameView<'a> {
     }
 }
 
-/// The UDP checksum a datagram should carry, computed with its checksum field taken as zero.
-fn udp_checksum(ip: &IpRepr<'_>, udp_bytes: &[u8]) -> u16 {
-    let acc = ones_complement_sum(ip.pseudo_header_sum(udp_bytes.len()), &udp_bytes[..6]);
-    let acc = ones_complement_sum(acc, &udp_bytes[8..]);
+/// The UDP checksum a datagram should carry, computed with its checksum field taken as zero
+/// (`udp_bytes`: the UDP header and payload).
+pub fn udp_checksum(ip: &IpRepr<'_>, udp_bytes: &[u8]) -> u16 {
+    // (A buffer shorter than a header sums what it has: no panic on any input.)
+    let head = udp_bytes.get(..6).unwrap_or(udp_bytes);
+    let body = udp_bytes.get(8..).unwrap_or(&[]);
+    let acc = ones_complement_sum(ip.pseudo_header_sum(udp_bytes.len()), head);
+    let acc = ones_complement_sum(acc, body);
     match !(fold(acc) as u16) {
         0 => 0xffff,
         c => c,

@@ -46,6 +46,7 @@ pub(super) fn open_udp(
     dc.gso = cfg.gso;
     dc.copy_send = cfg.copy_send;
     dc.gro = cfg.gro;
+    dc.xdp = cfg.xdp;
     dc.batch = cfg.batch;
     dc.pcap = cfg.pcap.clone();
     dc.line_rate_mbps = cfg.line_rate_mbps;

@@ -4,10 +4,29 @@
 use super::*;
 use transport_core::wire::Datagram;
 
+/// With the AF_XDP datapath, the UDP socket is read every this many rounds.
+const XDP_SOCKET_ROUNDS: u64 = 64;
+
 impl Engine {
     /// Reads what waits on the receive socket and hands it to the connections.
     /// Without batched calls, up to `want` calls of one datagram each, until one finds none.
     pub(super) fn receive(&mut self, now: Instant, want: usize) -> usize {
+        if self.xdp.is_some() {
+            // Arrivals come through the AF_XDP socket's ring (no system call). The UDP socket
+            // still gets what the XDP program leaves to the kernel's stack (fragments, another
+            // interface, this host): read when everything waiting is asked for (after a sleep
+            // or a stall) and every few rounds.
+            let mut got = self.receive_xdp(want);
+            if want >= RX_BATCH || self.rounds % XDP_SOCKET_ROUNDS == 0 {
+                got += self.receive_socket(now, want);
+            }
+            return got;
+        }
+        self.receive_socket(now, want)
+    }
+
+    /// Reads what waits on the UDP socket and hands it to the connections.
+    fn receive_socket(&mut self, now: Instant, want: usize) -> usize {
         if self.batch {
             return self.receive_call(now, want);
         }
@@ -20,6 +39,22 @@ impl Engine {
             got += n;
         }
         got
+    }
+
+    /// Hands up to `want` datagrams waiting in the AF_XDP socket's ring to the connections,
+    /// dated when read (a spinning end reads them at once; the ring has no arrival times).
+    fn receive_xdp(&mut self, want: usize) -> usize {
+        let Some(mut x) = self.xdp.take() else {
+            return 0;
+        };
+        let mut n = 0;
+        if x.pending() {
+            let now = self.now();
+            self.clock_floor = self.clock_floor.max(now);
+            n = x.receive(want, &mut |meta, d| self.dispatch(now, meta, d));
+        }
+        self.xdp = Some(x);
+        n
     }
 
     /// One receive call for up to `want` datagrams.

@@ -75,6 +75,21 @@ engine_counters! {
     /// Rounds of the engine that started more than 0.5 ms later than it asked to run (this host
     /// gave it no CPU): the connections' timers restarted.
     host_stalls,
+    /// With the AF_XDP datapath (`--xdp`): datagrams that arrived through its socket.
+    xdp_rx_frames,
+    /// Frames the AF_XDP socket handed over that were no IPv4 UDP datagram to this end's
+    /// address and port (dropped).
+    xdp_rx_dropped,
+    /// Datagrams sent through the AF_XDP socket.
+    xdp_tx_frames,
+    /// Calls that asked the kernel to send the AF_XDP socket's frames.
+    xdp_tx_kicks,
+    /// Datagrams the AF_XDP socket had no buffer or ring room for (lost: the connection
+    /// repairs them, as after a full socket buffer).
+    xdp_tx_no_room,
+    /// Datagrams sent through the UDP socket instead, their destination having no next-hop
+    /// MAC in the kernel's tables yet (or being this host).
+    xdp_tx_via_socket,
 }
 
 /// One queue pair's counters and paths.

@@ -1,0 +1,1003 @@
+//! The AF_XDP datapath (`DeviceConfig::xdp`, the tools' `--xdp`): the engine's datagrams leave
+//! and arrive as raw Ethernet frames through an AF_XDP socket in copy mode on queue 0 of the
+//! interface that holds the local address, instead of through the kernel's UDP stack.
+//!
+//! - **Arrivals** are read from the socket's RX ring in user space, without a system call: a
+//!   spinning end notices a datagram as soon as the kernel has copied it in (in the softirq that
+//!   received it). An XDP program on the interface hands the socket the IPv4 UDP frames for the
+//!   engine's port (not fragments, no IP options) and passes everything else to the kernel's
+//!   stack as before (ARP, the connection exchange, other ports); the engine still reads its UDP
+//!   socket now and then for what comes that way (another interface, this host, fragments).
+//! - **Departures** are written into frame buffers with their Ethernet, IPv4 and UDP headers
+//!   (UDP checksum computed, ECT(0) and the traffic class's DSCP, DF) and sent with one `sendto`
+//!   per flush (copy mode: the kernel copies each into a buffer of its own and transmits it). The
+//!   next hop's MAC comes from the kernel's routes and neighbour table (`/proc/net/route`,
+//!   `/proc/net/arp`); a datagram to an address without one yet (never resolved, or this host)
+//!   goes through the UDP socket as without XDP, which also makes the kernel resolve it.
+//!
+//! The wire is the same either way: an end with `--xdp` talks to one without. Limits: IPv4; an
+//! interface with one receive queue (a veth pair, a NIC set to one channel); frames of at most
+//! [`CHUNK`] bytes (an MTU up to 3.5 KB or so, which XDP in a veth's driver also needs); no
+//! kernel arrival times (arrivals are dated when read, which a spinning end does at once); the
+//! XDP program is detached when the device closes (a BPF link). Needs CAP_NET_ADMIN and
+//! CAP_BPF (root).
+
+use super::socket::{RecvMeta, ECT0};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+use transport_core::wire::{EtherType, EthernetRepr, IpRepr, Ipv4Repr, MacAddr, UdpRepr};
+
+/// Bytes of each frame buffer: the largest frame the datapath sends or takes.
+pub const CHUNK: usize = 4096;
+/// Frame buffers: the first half is lent to the kernel for arrivals, the second sends.
+const FRAMES: usize = 4096;
+/// Entries in each of the four rings.
+const RING: u32 = 4096;
+/// Ethernet (untagged), IPv4 without options and UDP headers.
+pub const HEADERS: usize = 14 + 20 + 8;
+/// How long an address without a next-hop MAC is not looked up again (its datagrams go through
+/// the UDP socket meanwhile).
+const NEIGHBOUR_RETRY: Duration = Duration::from_millis(100);
+
+fn os_err(what: &str) -> io::Error {
+    let e = io::Error::last_os_error();
+    io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+/// One of the socket's four rings, mapped from the kernel.
+struct Ring {
+    producer: *const AtomicU32,
+    consumer: *const AtomicU32,
+    slots: *mut u8,
+    map: *mut c_void,
+    map_len: usize,
+}
+
+impl Ring {
+    /// Maps ring `pgoff` of socket `fd` with the offsets the kernel gave, `entry` bytes a slot.
+    fn map(fd: RawFd, off: &libc::xdp_ring_offset, pgoff: u64, entry: usize) -> io::Result<Ring> {
+        let map_len = off.desc as usize + RING as usize * entry;
+        // SAFETY: a shared mapping of a ring the kernel set up for this socket, at the page
+        // offset and of the length its XDP_MMAP_OFFSETS name; checked before any use.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd,
+                pgoff as libc::off_t,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(os_err("mmap of an AF_XDP ring"));
+        }
+        let base = map.cast::<u8>();
+        // SAFETY: the offsets lie inside the mapping (the kernel's layout of this ring).
+        unsafe {
+            Ok(Ring {
+                producer: base.add(off.producer as usize).cast(),
+                consumer: base.add(off.consumer as usize).cast(),
+                slots: base.add(off.desc as usize),
+                map,
+                map_len,
+            })
+        }
+    }
+
+    fn producer(&self) -> &AtomicU32 {
+        // SAFETY: a 4-byte aligned u32 inside the live mapping (unmapped only on drop), which
+        // the kernel reads and writes concurrently: accessed as an atomic only.
+        unsafe { &*self.producer }
+    }
+
+    fn consumer(&self) -> &AtomicU32 {
+        // SAFETY: as `producer`.
+        unsafe { &*self.consumer }
+    }
+
+    /// Slot `i` (taken modulo the ring's size) as a `T` (u64 or xdp_desc, 8-byte aligned).
+    fn slot<T>(&self, i: u32) -> *mut T {
+        // SAFETY: the index is reduced to the ring's size, so the slot lies in the mapping.
+        unsafe {
+            self.slots
+                .add((i & (RING - 1)) as usize * size_of::<T>())
+                .cast()
+        }
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `map`; nothing refers to it afterwards.
+        unsafe { libc::munmap(self.map, self.map_len) };
+    }
+}
+
+/// The frame memory shared with the kernel.
+struct Umem {
+    base: *mut u8,
+    len: usize,
+}
+
+impl Drop for Umem {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the anonymous mapping made in `Xdp::open`, after the socket that used it
+        // (field order in `Xdp`).
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+fn set_xdp_opt<T>(fd: RawFd, name: i32, v: &T, what: &str) -> io::Result<()> {
+    // SAFETY: `v` is a live value of the size passed; the kernel only reads it.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_XDP,
+            name,
+            (v as *const T).cast(),
+            size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(os_err(what));
+    }
+    Ok(())
+}
+
+/// The bpf(2) system call with a zeroed 128-byte attribute block laid out by `fill`.
+fn bpf(cmd: i32, fill: impl FnOnce(&mut [u8; 128])) -> io::Result<OwnedFd> {
+    let mut attr = [0u8; 128];
+    fill(&mut attr);
+    // SAFETY: `attr` is a live, writable block of the size passed, laid out as the kernel's
+    // `union bpf_attr` for `cmd` (every pointer in it points at live memory of this frame or
+    // the caller's).
+    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len()) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the commands used here return a new descriptor, owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
+}
+
+fn put32(a: &mut [u8; 128], at: usize, v: u32) {
+    a[at..at + 4].copy_from_slice(&v.to_ne_bytes());
+}
+
+fn put64(a: &mut [u8; 128], at: usize, v: u64) {
+    a[at..at + 8].copy_from_slice(&v.to_ne_bytes());
+}
+
+/// One eBPF instruction: opcode, destination and source registers, offset, immediate.
+fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
+    let mut i = [0u8; 8];
+    i[0] = code;
+    i[1] = (src << 4) | (dst & 0xf);
+    i[2..4].copy_from_slice(&off.to_le_bytes());
+    i[4..8].copy_from_slice(&imm.to_le_bytes());
+    i
+}
+
+/// The XDP program: an IPv4 frame without options and not a fragment, carrying UDP to `port`,
+/// goes to the socket in XSKMAP `map_fd` at the frame's queue (to the stack if there is none);
+/// every other frame to the stack.
+pub fn program(map_fd: RawFd, port: u16) -> Vec<u8> {
+    const LDXW: u8 = 0x61;
+    const LDXH: u8 = 0x69;
+    const LDXB: u8 = 0x71;
+    const MOV64X: u8 = 0xbf;
+    const MOV64K: u8 = 0xb7;
+    const ADD64K: u8 = 0x07;
+    const AND64K: u8 = 0x57;
+    const JGTX: u8 = 0x2d;
+    const JNEK: u8 = 0x55;
+    const LDDW: u8 = 0x18;
+    const CALL: u8 = 0x85;
+    const EXIT: u8 = 0x95;
+    const XDP_PASS: i32 = 2;
+    const REDIRECT_MAP: i32 = 51;
+    const PSEUDO_MAP_FD: u8 = 1;
+    // 16-bit loads are little-endian here: a field's network-order bytes read swapped.
+    let be16 = |v: u16| i32::from(u16::from_le_bytes(v.to_be_bytes()));
+    let pass = 22i16; // index of the "pass" instruction (the wide load takes two slots)
+    let to_pass = |at: i16| pass - at - 1;
+    [
+        insn(LDXW, 2, 1, 0, 0),                     // 0: r2 = ctx->data
+        insn(LDXW, 3, 1, 4, 0),                     // 1: r3 = ctx->data_end
+        insn(MOV64X, 4, 2, 0, 0),                   // 2: r4 = r2
+        insn(ADD64K, 4, 0, 0, HEADERS as i32),      // 3: r4 += 42
+        insn(JGTX, 4, 3, to_pass(4), 0),            // 4: shorter than the headers: pass
+        insn(LDXH, 5, 2, 12, 0),                    // 5: r5 = EtherType
+        insn(JNEK, 5, 0, to_pass(6), be16(0x0800)), // 6: not IPv4: pass
+        insn(LDXB, 5, 2, 14, 0),                    // 7: r5 = version and header length
+        insn(JNEK, 5, 0, to_pass(8), 0x45),         // 8: options: pass
+        insn(LDXB, 5, 2, 23, 0),                    // 9: r5 = protocol
+        insn(JNEK, 5, 0, to_pass(10), 17),          // 10: not UDP: pass
+        insn(LDXH, 5, 2, 20, 0),                    // 11: r5 = flags and fragment offset
+        insn(AND64K, 5, 0, 0, be16(0x3fff)),        // 12: more fragments, or an offset
+        insn(JNEK, 5, 0, to_pass(13), 0),           // 13: a fragment: pass (the stack joins them)
+        insn(LDXH, 5, 2, 36, 0),                    // 14: r5 = UDP destination port
+        insn(JNEK, 5, 0, to_pass(15), be16(port)),  // 15: another port: pass
+        insn(LDXW, 2, 1, 16, 0),                    // 16: r2 = ctx->rx_queue_index
+        insn(LDDW, 1, PSEUDO_MAP_FD, 0, map_fd),    // 17: r1 = the map
+        insn(0, 0, 0, 0, 0),                        // 18: (its upper half)
+        insn(MOV64K, 3, 0, 0, XDP_PASS),            // 19: r3 = pass if no socket
+        insn(CALL, 0, 0, 0, REDIRECT_MAP),          // 20: r0 = bpf_redirect_map(r1, r2, r3)
+        insn(EXIT, 0, 0, 0, 0),                     // 21
+        insn(MOV64K, 0, 0, 0, XDP_PASS),            // 22: pass: r0 = XDP_PASS
+        insn(EXIT, 0, 0, 0, 0),                     // 23
+    ]
+    .concat()
+}
+
+/// The interface holding IPv4 address `ip`: its name and index.
+fn interface_of(ip: Ipv4Addr) -> io::Result<(String, u32)> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    let mut found = None;
+    // SAFETY: getifaddrs fills `list`, freed below; its entries are read only while it lives.
+    unsafe {
+        if libc::getifaddrs(&mut list) != 0 {
+            return Err(os_err("getifaddrs"));
+        }
+        let mut p = list;
+        while !p.is_null() {
+            let e = &*p;
+            if !e.ifa_addr.is_null() && i32::from((*e.ifa_addr).sa_family) == libc::AF_INET {
+                let sin = &*(e.ifa_addr as *const libc::sockaddr_in);
+                if Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)) == ip {
+                    found = std::ffi::CStr::from_ptr(e.ifa_name)
+                        .to_str()
+                        .ok()
+                        .map(str::to_owned);
+                }
+            }
+            p = e.ifa_next;
+        }
+        libc::freeifaddrs(list);
+    }
+    let name = found.ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no interface holds {ip} (XDP needs the address of one interface)"),
+        )
+    })?;
+    let c = std::ffi::CString::new(name.clone())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "interface name"))?;
+    // SAFETY: a NUL-terminated name.
+    let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if index == 0 {
+        return Err(os_err(&format!("the index of {name}")));
+    }
+    Ok((name, index))
+}
+
+/// A MAC address as `/sys` and `/proc/net/arp` write it (`aa:bb:cc:dd:ee:ff`).
+pub fn parse_mac(text: &str) -> Option<MacAddr> {
+    let mut mac = [0u8; 6];
+    let mut parts = text.trim().split(':');
+    for m in &mut mac {
+        let p = parts.next()?;
+        if p.len() != 2 {
+            return None;
+        }
+        *m = u8::from_str_radix(p, 16).ok()?;
+    }
+    parts.next().is_none().then_some(MacAddr(mac))
+}
+
+/// The next hop towards `dst` out of interface `dev`, by the longest matching prefix of a route
+/// in `/proc/net/route`'s text (its addresses in the kernel's byte order, written in hex): the
+/// route's gateway, or `dst` itself on a link route. None: no route out of `dev` matches.
+pub fn next_hop(routes: &str, dev: &str, dst: Ipv4Addr) -> Option<Ipv4Addr> {
+    let hex = |s: &str| {
+        u32::from_str_radix(s, 16)
+            .ok()
+            .map(|v| Ipv4Addr::from(v.swap_bytes()))
+    };
+    let mut best: Option<(u32, Ipv4Addr)> = None;
+    for line in routes.lines().skip(1) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 8 || f[0] != dev {
+            continue;
+        }
+        let (Some(net), Some(gw), Some(mask)) = (hex(f[1]), hex(f[2]), hex(f[7])) else {
+            continue;
+        };
+        let (net, mask) = (u32::from(net), u32::from(mask));
+        if u32::from(dst) & mask != net & mask {
+            continue;
+        }
+        let len = mask.count_ones();
+        if best.is_none_or(|(l, _)| len > l) {
+            best = Some((len, if gw.is_unspecified() { dst } else { gw }));
+        }
+    }
+    best.map(|(_, hop)| hop)
+}
+
+/// The MAC of `ip` on interface `dev` in `/proc/net/arp`'s text, if resolved (flag 0x2).
+pub fn neighbour_mac(arp: &str, dev: &str, ip: Ipv4Addr) -> Option<MacAddr> {
+    for line in arp.lines().skip(1) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 6 || f[5] != dev || f[0].parse::<Ipv4Addr>().ok() != Some(ip) {
+            continue;
+        }
+        let flags = u32::from_str_radix(f[2].trim_start_matches("0x"), 16).ok()?;
+        if flags & 0x2 == 0 {
+            return None;
+        }
+        return parse_mac(f[3]).filter(|m| m.0 != [0; 6]);
+    }
+    None
+}
+
+/// Writes the Ethernet, IPv4 and UDP headers of a datagram of `len` bytes into `f` (at least
+/// [`HEADERS`] + `len` bytes, the datagram already after the headers), UDP checksum included.
+/// Returns the frame's length.
+#[allow(clippy::too_many_arguments)]
+pub fn emit_headers(
+    f: &mut [u8],
+    dst_mac: MacAddr,
+    src_mac: MacAddr,
+    src: SocketAddrV4,
+    dst: SocketAddrV4,
+    tos: u8,
+    len: usize,
+) -> Option<usize> {
+    let total = HEADERS + len;
+    let f = f.get_mut(..total)?;
+    let eth = EthernetRepr {
+        dst: dst_mac,
+        src: src_mac,
+        vlan: None,
+        ethertype: EtherType::IPV4,
+    };
+    let ip = Ipv4Repr {
+        dscp: tos >> 2,
+        ecn: transport_core::wire::Ecn::from_bits(tos),
+        ident: 0,
+        dont_frag: true,
+        ttl: 64,
+        src: *src.ip(),
+        dst: *dst.ip(),
+        options: &[],
+    };
+    let udp = UdpRepr {
+        src_port: src.port(),
+        dst_port: dst.port(),
+        checksum: true,
+    };
+    let rest = eth.emit(f).ok()?;
+    let rest = ip.emit(rest, UdpRepr::LEN + len).ok()?;
+    udp.emit(rest, len).ok()?;
+    let sum = transport_core::wire::frame::udp_checksum(&IpRepr::V4(ip), &f[34..]);
+    f[40..42].copy_from_slice(&sum.to_be_bytes());
+    Some(total)
+}
+
+/// What a frame the program handed over carries: the sender, the IP header's ECN bits and DSCP,
+/// and the UDP payload. None: not an IPv4 UDP datagram to `local` (its lengths are checked).
+pub fn parse_frame(f: &[u8], local: SocketAddrV4) -> Option<(RecvMeta, &[u8])> {
+    let (eth, rest) = EthernetRepr::parse(f).ok()?;
+    if eth.ethertype != EtherType::IPV4 {
+        return None;
+    }
+    // A fragment never reaches here (the program passes them to the stack); checked anyway.
+    if rest.len() < 20 || u16::from_be_bytes([rest[6], rest[7]]) & 0x3fff != 0 {
+        return None;
+    }
+    let (ip, _, ip_payload) = Ipv4Repr::parse(rest, false).ok()?;
+    if ip.dst != *local.ip() || rest[9] != 17 {
+        return None;
+    }
+    let (udp, _, payload) = UdpRepr::parse(ip_payload).ok()?;
+    if udp.dst_port != local.port() {
+        return None;
+    }
+    let meta = RecvMeta {
+        len: payload.len(),
+        src: Some(SocketAddr::V4(SocketAddrV4::new(ip.src, udp.src_port))),
+        ecn: ip.ecn.bits(),
+        dscp: ip.dscp,
+        segment: 0,
+        arrived_realtime: 0,
+    };
+    Some((meta, payload))
+}
+
+/// Counters of the datapath (the engine reports them as its `xdp_*` counters).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct XdpCounters {
+    /// Datagrams handed over.
+    pub rx_frames: u64,
+    /// Frames that were no IPv4 UDP datagram to the local address and port.
+    pub rx_dropped: u64,
+    /// Datagrams queued for sending.
+    pub tx_frames: u64,
+    /// `sendto` calls that asked the kernel to send.
+    pub tx_kicks: u64,
+    /// Datagrams without a buffer or ring room (lost).
+    pub tx_no_room: u64,
+}
+
+/// An AF_XDP socket with its frame memory, rings and XDP program (see the module's text).
+pub struct Xdp {
+    // Field order is drop order: the link (detaching the program) and the program first, the
+    // socket, then the rings and the memory it used.
+    _link: OwnedFd,
+    _prog: OwnedFd,
+    _map: OwnedFd,
+    fd: OwnedFd,
+    rx: Ring,
+    tx: Ring,
+    fill: Ring,
+    comp: Ring,
+    umem: Umem,
+    /// Send buffers neither in the TX ring nor awaiting their completion.
+    free_tx: Vec<u64>,
+    /// Frames in the TX ring the kernel has not taken yet.
+    unsent: bool,
+    dev: String,
+    mac: MacAddr,
+    local: SocketAddrV4,
+    tos: u8,
+    /// Next-hop MACs by destination (None: looked up and not found, at that time).
+    neighbours: HashMap<Ipv4Addr, (Option<MacAddr>, Instant)>,
+    /// What the datapath did.
+    pub counters: XdpCounters,
+}
+
+impl Xdp {
+    /// Opens the datapath on the interface holding `local`'s address, for datagrams to its
+    /// port, sending with DSCP `dscp` and ECT(0).
+    pub fn open(local: SocketAddrV4, dscp: u8) -> io::Result<Xdp> {
+        let (dev, index) = interface_of(*local.ip())?;
+        let queues = std::fs::read_dir(format!("/sys/class/net/{dev}/queues"))
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+                    .count()
+            })
+            .unwrap_or(1);
+        if queues != 1 {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "{dev} has {queues} receive queues: the AF_XDP datapath takes queue 0 only \
+                     (set one channel with `ethtool -L {dev} combined 1`)"
+                ),
+            ));
+        }
+        let mac = std::fs::read_to_string(format!("/sys/class/net/{dev}/address"))
+            .ok()
+            .and_then(|t| parse_mac(&t))
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!("{dev} has no MAC address"),
+                )
+            })?;
+        // SAFETY: plain socket creation; the result is checked.
+        let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        if raw < 0 {
+            return Err(os_err("socket(AF_XDP)"));
+        }
+        // SAFETY: a new descriptor owned by nothing else.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let len = FRAMES * CHUNK;
+        // SAFETY: a fresh anonymous mapping, checked; unmapped by `Umem`'s drop.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(os_err("mmap of the AF_XDP frame memory"));
+        }
+        let umem = Umem {
+            base: base.cast(),
+            len,
+        };
+        let reg = libc::xdp_umem_reg {
+            addr: base as u64,
+            len: len as u64,
+            chunk_size: CHUNK as u32,
+            headroom: 0,
+            flags: 0,
+            tx_metadata_len: 0,
+        };
+        set_xdp_opt(
+            raw,
+            libc::XDP_UMEM_REG,
+            &reg,
+            "register the AF_XDP frame memory",
+        )?;
+        for name in [
+            libc::XDP_UMEM_FILL_RING,
+            libc::XDP_UMEM_COMPLETION_RING,
+            libc::XDP_RX_RING,
+            libc::XDP_TX_RING,
+        ] {
+            set_xdp_opt(raw, name, &(RING as i32), "size an AF_XDP ring")?;
+        }
+        // SAFETY: all-zero is a valid xdp_mmap_offsets; the kernel fills it in.
+        let mut off: libc::xdp_mmap_offsets = unsafe { std::mem::zeroed() };
+        let mut olen = size_of::<libc::xdp_mmap_offsets>() as libc::socklen_t;
+        // SAFETY: `off` and `olen` are live and writable, of the length passed.
+        let r = unsafe {
+            libc::getsockopt(
+                raw,
+                libc::SOL_XDP,
+                libc::XDP_MMAP_OFFSETS,
+                (&mut off as *mut libc::xdp_mmap_offsets).cast(),
+                &mut olen,
+            )
+        };
+        if r != 0 {
+            return Err(os_err("the AF_XDP ring offsets"));
+        }
+        let desc = size_of::<libc::xdp_desc>();
+        let rx = Ring::map(raw, &off.rx, libc::XDP_PGOFF_RX_RING as u64, desc)?;
+        let tx = Ring::map(raw, &off.tx, libc::XDP_PGOFF_TX_RING as u64, desc)?;
+        let fill = Ring::map(raw, &off.fr, libc::XDP_UMEM_PGOFF_FILL_RING, 8)?;
+        let comp = Ring::map(raw, &off.cr, libc::XDP_UMEM_PGOFF_COMPLETION_RING, 8)?;
+        for i in 0..FRAMES / 2 {
+            // SAFETY: a slot of the fill ring, which only this end produces into (it has room
+            // for every receive buffer: RING >= FRAMES / 2).
+            unsafe { *fill.slot::<u64>(i as u32) = (i * CHUNK) as u64 };
+        }
+        fill.producer()
+            .store((FRAMES / 2) as u32, Ordering::Release);
+        let sa = libc::sockaddr_xdp {
+            sxdp_family: libc::AF_XDP as u16,
+            sxdp_flags: libc::XDP_COPY,
+            sxdp_ifindex: index,
+            sxdp_queue_id: 0,
+            sxdp_shared_umem_fd: 0,
+        };
+        // SAFETY: `sa` is a live sockaddr_xdp of the length passed.
+        let r = unsafe {
+            libc::bind(
+                raw,
+                (&sa as *const libc::sockaddr_xdp).cast(),
+                size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(os_err(&format!(
+                "bind an AF_XDP socket to queue 0 of {dev} (another one holds it?)"
+            )));
+        }
+        let map = bpf(0, |a| {
+            put32(a, 0, 17); // BPF_MAP_CREATE: BPF_MAP_TYPE_XSKMAP
+            put32(a, 4, 4);
+            put32(a, 8, 4);
+            put32(a, 12, 1);
+        })
+        .map_err(|e| io::Error::new(e.kind(), format!("create the XSKMAP: {e}")))?;
+        let (key, value) = (0u32, raw as u32);
+        bpf(2, |a| {
+            // BPF_MAP_UPDATE_ELEM
+            put32(a, 0, map.as_raw_fd() as u32);
+            put64(a, 8, &key as *const u32 as u64);
+            put64(a, 16, &value as *const u32 as u64);
+        })
+        .map_err(|e| io::Error::new(e.kind(), format!("put the socket in the XSKMAP: {e}")))?;
+        let code = program(map.as_raw_fd(), local.port());
+        let license = c"GPL";
+        let mut log = vec![0u8; 16384];
+        let prog = bpf(5, |a| {
+            put32(a, 0, 6); // BPF_PROG_LOAD: BPF_PROG_TYPE_XDP
+            put32(a, 4, (code.len() / 8) as u32);
+            put64(a, 8, code.as_ptr() as u64);
+            put64(a, 16, license.as_ptr() as u64);
+            put32(a, 24, 1); // log level
+            put32(a, 28, log.len() as u32);
+            put64(a, 32, log.as_mut_ptr() as u64);
+            put32(a, 68, 37); // expected attach type: BPF_XDP
+        })
+        .map_err(|e| {
+            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "load the XDP program: {e}: {}",
+                    String::from_utf8_lossy(&log[..end]).trim()
+                ),
+            )
+        })?;
+        let link = bpf(28, |a| {
+            put32(a, 0, prog.as_raw_fd() as u32); // BPF_LINK_CREATE
+            put32(a, 4, index);
+            put32(a, 8, 37); // BPF_XDP
+            put32(a, 12, 4); // XDP_FLAGS_DRV_MODE
+        })
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "attach the XDP program to {dev} in its driver: {e} (a driver without XDP, \
+                     another program there, or an MTU too large for XDP)"
+                ),
+            )
+        })?;
+        Ok(Xdp {
+            _link: link,
+            _prog: prog,
+            _map: map,
+            fd,
+            rx,
+            tx,
+            fill,
+            comp,
+            umem,
+            free_tx: (FRAMES / 2..FRAMES).map(|i| (i * CHUNK) as u64).collect(),
+            unsent: false,
+            dev,
+            mac,
+            local,
+            tos: (dscp << 2) | ECT0,
+            neighbours: HashMap::new(),
+            counters: XdpCounters::default(),
+        })
+    }
+
+    /// The socket, to sleep on (POLLIN when the RX ring holds frames).
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// The interface the datapath runs on.
+    pub fn device(&self) -> &str {
+        &self.dev
+    }
+
+    /// The next hop's MAC towards `dst`, from the kernel's tables (cached; an address without
+    /// one is looked up again after [`NEIGHBOUR_RETRY`]).
+    pub fn neighbour(&mut self, dst: Ipv4Addr) -> Option<MacAddr> {
+        let now = Instant::now();
+        if let Some(&(mac, at)) = self.neighbours.get(&dst) {
+            if mac.is_some() || now.duration_since(at) < NEIGHBOUR_RETRY {
+                return mac;
+            }
+        }
+        let routes = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
+        let arp = std::fs::read_to_string("/proc/net/arp").unwrap_or_default();
+        let mac =
+            next_hop(&routes, &self.dev, dst).and_then(|hop| neighbour_mac(&arp, &self.dev, hop));
+        // The cache stays small: a device talks to few peers; a flood of addresses is bounded.
+        if self.neighbours.len() >= 1024 {
+            self.neighbours.clear();
+        }
+        self.neighbours.insert(dst, (mac, now));
+        mac
+    }
+
+    /// Takes back the send buffers the kernel is done with.
+    fn reap(&mut self) {
+        let prod = self.comp.producer().load(Ordering::Acquire);
+        let mut cons = self.comp.consumer().load(Ordering::Relaxed);
+        while cons != prod {
+            // SAFETY: a completion slot the kernel produced (before `prod`).
+            let addr = unsafe { *self.comp.slot::<u64>(cons) };
+            if (addr as usize) >= FRAMES / 2 * CHUNK && (addr as usize) < FRAMES * CHUNK {
+                self.free_tx.push(addr - addr % CHUNK as u64);
+            }
+            cons = cons.wrapping_add(1);
+        }
+        self.comp.consumer().store(cons, Ordering::Release);
+    }
+
+    /// A send buffer, reaping completions (and sending what waits) when none is free.
+    fn buffer(&mut self) -> Option<u64> {
+        if let Some(b) = self.free_tx.pop() {
+            return Some(b);
+        }
+        self.reap();
+        if self.free_tx.is_empty() && self.unsent {
+            self.kick();
+            self.reap();
+        }
+        self.free_tx.pop()
+    }
+
+    /// Queues one datagram (the concatenation of `pieces`, at most `len` bytes of them) to
+    /// `dst` via `mac`, from UDP port `src_port`. False: no buffer or ring room (the datagram
+    /// is lost, as a full socket buffer loses it: the connection repairs it).
+    pub fn send(
+        &mut self,
+        mac: MacAddr,
+        src_port: u16,
+        dst: SocketAddrV4,
+        pieces: &mut dyn Iterator<Item = &[u8]>,
+        len: usize,
+    ) -> bool {
+        if HEADERS + len > CHUNK {
+            self.counters.tx_no_room += 1;
+            return false;
+        }
+        let Some(buf) = self.buffer() else {
+            self.counters.tx_no_room += 1;
+            return false;
+        };
+        // SAFETY: `buf` is a send buffer of CHUNK bytes inside the frame memory, owned by this
+        // end (off the rings) until it is queued below.
+        let f = unsafe { std::slice::from_raw_parts_mut(self.umem.base.add(buf as usize), CHUNK) };
+        let mut at = HEADERS;
+        for p in pieces {
+            let n = p.len().min(HEADERS + len - at);
+            f[at..at + n].copy_from_slice(&p[..n]);
+            at += n;
+            if at == HEADERS + len {
+                break;
+            }
+        }
+        f[at..HEADERS + len].fill(0);
+        let src = SocketAddrV4::new(*self.local.ip(), src_port);
+        let Some(total) = emit_headers(f, mac, self.mac, src, dst, self.tos, len) else {
+            self.free_tx.push(buf);
+            self.counters.tx_no_room += 1;
+            return false;
+        };
+        let prod = self.tx.producer().load(Ordering::Relaxed);
+        if prod.wrapping_sub(self.tx.consumer().load(Ordering::Acquire)) >= RING {
+            self.kick();
+            if prod.wrapping_sub(self.tx.consumer().load(Ordering::Acquire)) >= RING {
+                self.free_tx.push(buf);
+                self.counters.tx_no_room += 1;
+                return false;
+            }
+        }
+        // SAFETY: a TX slot this end owns (the ring is not full, checked above).
+        unsafe {
+            *self.tx.slot::<libc::xdp_desc>(prod) = libc::xdp_desc {
+                addr: buf,
+                len: total as u32,
+                options: 0,
+            };
+        }
+        self.tx
+            .producer()
+            .store(prod.wrapping_add(1), Ordering::Release);
+        self.unsent = true;
+        self.counters.tx_frames += 1;
+        true
+    }
+
+    /// Asks the kernel to send what the TX ring holds (copy mode sends within the call, a
+    /// batch at a time: what it leaves is sent at the next kick).
+    pub fn kick(&mut self) {
+        if !self.unsent {
+            return;
+        }
+        self.counters.tx_kicks += 1;
+        // SAFETY: a send of nothing on this socket: the kernel takes the frames from its ring.
+        unsafe {
+            libc::sendto(
+                self.fd.as_raw_fd(),
+                std::ptr::null(),
+                0,
+                libc::MSG_DONTWAIT,
+                std::ptr::null(),
+                0,
+            )
+        };
+        // (EAGAIN, EBUSY, ENOBUFS: the kernel is busy or out of buffers; the frames stay in the
+        // ring for the next kick.)
+        let prod = self.tx.producer().load(Ordering::Relaxed);
+        self.unsent = self.tx.consumer().load(Ordering::Acquire) != prod;
+        self.reap();
+    }
+
+    /// Frames waiting in the RX ring.
+    pub fn pending(&self) -> bool {
+        self.rx.producer().load(Ordering::Acquire) != self.rx.consumer().load(Ordering::Relaxed)
+    }
+
+    /// Hands up to `max` arrivals to `f` (sender and ECN, UDP payload) and lends their buffers
+    /// back to the kernel. Frames that are not IPv4 UDP to the local address and port are
+    /// dropped and counted. Returns the datagrams handed over.
+    pub fn receive(&mut self, max: usize, f: &mut dyn FnMut(RecvMeta, &[u8])) -> usize {
+        let prod = self.rx.producer().load(Ordering::Acquire);
+        let mut cons = self.rx.consumer().load(Ordering::Relaxed);
+        let mut fill = self.fill.producer().load(Ordering::Relaxed);
+        let mut handed = 0;
+        while cons != prod && handed < max {
+            // SAFETY: an RX slot the kernel produced (before `prod`).
+            let d = unsafe { *self.rx.slot::<libc::xdp_desc>(cons) };
+            cons = cons.wrapping_add(1);
+            let (addr, len) = (d.addr as usize, d.len as usize);
+            // The kernel gives buffers it was lent, in the receive half; checked anyway.
+            if addr + len > FRAMES / 2 * CHUNK || len > CHUNK {
+                self.counters.rx_dropped += 1;
+                continue;
+            }
+            // SAFETY: inside the receive half of the frame memory (checked), a buffer the
+            // kernel has handed over and takes back only from the fill ring, below.
+            let frame = unsafe { std::slice::from_raw_parts(self.umem.base.add(addr), len) };
+            match parse_frame(frame, self.local) {
+                Some((meta, payload)) => {
+                    self.counters.rx_frames += 1;
+                    handed += 1;
+                    f(meta, payload);
+                }
+                None => self.counters.rx_dropped += 1,
+            }
+            // SAFETY: a fill slot: every receive buffer is either in the fill ring, in the RX
+            // ring or here, so the fill ring (RING >= FRAMES / 2 slots) has room for it.
+            unsafe { *self.fill.slot::<u64>(fill) = (addr - addr % CHUNK) as u64 };
+            fill = fill.wrapping_add(1);
+        }
+        self.rx.consumer().store(cons, Ordering::Release);
+        self.fill.producer().store(fill, Ordering::Release);
+        handed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ROUTES: &str =
+        "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+        eth0\t00000000\t0100A8C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n\
+        eth0\t0000A8C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
+        veth1\t00004E0A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n";
+    const ARP: &str =
+        "IP address       HW type     Flags       HW address            Mask     Device\n\
+        192.168.0.1      0x1         0x2         52:54:00:12:34:56     *        eth0\n\
+        192.168.0.7      0x1         0x0         00:00:00:00:00:00     *        eth0\n\
+        10.78.0.2        0x1         0x2         1e:18:4c:b0:90:77     *        veth1\n";
+
+    #[test]
+    fn the_next_hop_is_the_longest_prefix_on_the_interface() {
+        let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        // On the link: the address itself; elsewhere: the default route's gateway.
+        assert_eq!(
+            next_hop(ROUTES, "eth0", ip("192.168.0.9")),
+            Some(ip("192.168.0.9"))
+        );
+        assert_eq!(
+            next_hop(ROUTES, "eth0", ip("8.8.8.8")),
+            Some(ip("192.168.0.1"))
+        );
+        assert_eq!(
+            next_hop(ROUTES, "veth1", ip("10.78.0.2")),
+            Some(ip("10.78.0.2"))
+        );
+        // No route out of that interface.
+        assert_eq!(next_hop(ROUTES, "veth1", ip("8.8.8.8")), None);
+        assert_eq!(next_hop(ROUTES, "lo", ip("10.78.0.2")), None);
+        assert_eq!(next_hop("", "eth0", ip("10.78.0.2")), None);
+    }
+
+    #[test]
+    fn only_resolved_neighbours_on_the_interface_have_a_mac() {
+        let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        assert_eq!(
+            neighbour_mac(ARP, "eth0", ip("192.168.0.1")),
+            Some(MacAddr([0x52, 0x54, 0, 0x12, 0x34, 0x56]))
+        );
+        assert_eq!(
+            neighbour_mac(ARP, "eth0", ip("192.168.0.7")),
+            None,
+            "incomplete"
+        );
+        assert_eq!(
+            neighbour_mac(ARP, "eth0", ip("10.78.0.2")),
+            None,
+            "another interface"
+        );
+        assert_eq!(neighbour_mac(ARP, "veth1", ip("10.78.0.3")), None);
+        assert_eq!(
+            parse_mac("1e:18:4c:b0:90:77\n"),
+            Some(MacAddr([0x1e, 0x18, 0x4c, 0xb0, 0x90, 0x77]))
+        );
+        for bad in [
+            "",
+            "1e:18:4c:b0:90",
+            "1e:18:4c:b0:90:77:00",
+            "1e:18:4c:b0:90:7",
+            "zz:18:4c:b0:90:77",
+        ] {
+            assert_eq!(parse_mac(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_frame_built_here_parses_with_its_checksums_and_back() {
+        let src = SocketAddrV4::new(Ipv4Addr::new(10, 78, 0, 1), 49152);
+        let dst = SocketAddrV4::new(Ipv4Addr::new(10, 78, 0, 2), 4791);
+        let datagram: Vec<u8> = (0..300u32).map(|i| (i * 7) as u8).collect();
+        let mut f = vec![0u8; CHUNK];
+        f[HEADERS..HEADERS + datagram.len()].copy_from_slice(&datagram);
+        let tos = (26 << 2) | ECT0;
+        let n = emit_headers(
+            &mut f,
+            MacAddr([2; 6]),
+            MacAddr([4; 6]),
+            src,
+            dst,
+            tos,
+            datagram.len(),
+        )
+        .unwrap();
+        assert_eq!(n, HEADERS + 300);
+        let (meta, payload) = parse_frame(&f[..n], dst).expect("ours");
+        assert_eq!(payload, &datagram[..]);
+        assert_eq!(meta.src, Some(SocketAddr::V4(src)));
+        assert_eq!((meta.dscp, meta.ecn), (26, ECT0));
+        // The IPv4 checksum, checked by the core's parser; the UDP checksum by summing the
+        // pseudo header and the whole segment, checksum included, which gives all ones
+        // (RFC 768), here without the core's code.
+        Ipv4Repr::parse(&f[14..n], true).expect("IPv4 checksum");
+        let words = |b: &[u8]| -> u32 {
+            b.chunks(2)
+                .map(|w| u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)])))
+                .sum()
+        };
+        let mut sum = words(&f[26..34]) + 17 + (n - 34) as u32 + words(&f[34..n]);
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        assert_eq!(sum, 0xffff);
+        assert_ne!([f[40], f[41]], [0, 0], "a checksum is sent");
+        // Not ours: another address, another port, a fragment, cut short.
+        assert!(parse_frame(&f[..n], src).is_none());
+        assert!(parse_frame(&f[..n], SocketAddrV4::new(*dst.ip(), 4792)).is_none());
+        let mut frag = f[..n].to_vec();
+        frag[20] |= 0x20;
+        assert!(parse_frame(&frag, dst).is_none());
+        for cut in [0, 13, 14, 33, 41] {
+            assert!(parse_frame(&f[..cut], dst).is_none(), "{cut}");
+        }
+        // Too little room for the frame: refused, not written past.
+        assert!(emit_headers(
+            &mut f[..100],
+            MacAddr([2; 6]),
+            MacAddr([4; 6]),
+            src,
+            dst,
+            tos,
+            300
+        )
+        .is_none());
+    }
+
+    #[test]
+    fn the_program_is_whole_instructions_that_end_in_exits() {
+        let p = program(7, 4791);
+        assert_eq!(p.len() % 8, 0);
+        let insns: Vec<&[u8]> = p.chunks(8).collect();
+        assert_eq!(insns.len(), 24);
+        assert_eq!(insns[insns.len() - 1][0], 0x95);
+        // Every conditional jump to "pass" lands on `r0 = XDP_PASS`.
+        let pass = insns.len() - 2;
+        assert_eq!(insns[pass][0], 0xb7);
+        assert_eq!(i32::from_le_bytes(insns[pass][4..8].try_into().unwrap()), 2);
+        for (i, x) in insns.iter().enumerate() {
+            if matches!(x[0], 0x2d | 0x55) {
+                let off = i16::from_le_bytes([x[2], x[3]]);
+                assert_eq!(i as i64 + 1 + i64::from(off), pass as i64, "jump at {i}");
+            }
+        }
+        // The port is compared in network order: 4791 is 0x12b7, read little-endian as 0xb712.
+        assert!(insns
+            .iter()
+            .any(|x| x[0] == 0x55 && i32::from_le_bytes(x[4..8].try_into().unwrap()) == 0xb712));
+        // The map is a pseudo map fd load of descriptor 7.
+        let ld = insns.iter().position(|x| x[0] == 0x18).unwrap();
+        assert_eq!(insns[ld][1] >> 4, 1);
+        assert_eq!(i32::from_le_bytes(insns[ld][4..8].try_into().unwrap()), 7);
+    }
+}
