@@ -662,6 +662,62 @@ fn the_xdp_datapath_carries_every_test_between_two_namespaces() {
     }
 }
 
+/// A server with `--xdp` that stays up serves client after client: each client's device binds
+/// the queue again once the last one's socket is released (the kernel finishes that a little
+/// after the close), and opening the datapath closes no descriptor it does not own.
+#[test]
+#[ignore = "needs root for network namespaces; scripts/test.sh runs it"]
+fn an_xdp_server_serves_one_client_after_another() {
+    let _one_at_a_time = serial();
+    let h = Hosts::new();
+    let port = common::port().to_string();
+    let mut server = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &h.b,
+            common::bin(),
+            "write-lat",
+            "--xdp",
+            "-p",
+            &port,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    for run in 0..4 {
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &h.a,
+                common::bin(),
+                "write-lat",
+                &h.server,
+                "-p",
+                &port,
+            ])
+            .args(["-s", "2", "-n", "500", "--xdp", "--json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "run {run}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let j: serde_json::Value =
+            serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().next().unwrap())
+                .unwrap();
+        assert_eq!(j["verified"], true, "run {run}: {j}");
+    }
+    let _ = server.kill();
+    let out = server.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("lost the client"), "{err}");
+}
+
 /// An end with `--xdp` talks to one without: the plain client's kernel takes the frames the
 /// server builds (its IPv4 and UDP checksums checked by the kernel), and the server's XDP program
 /// takes the kernel's datagrams.

@@ -43,6 +43,8 @@ pub const HEADERS: usize = 14 + 20 + 8;
 /// How long an address without a next-hop MAC is not looked up again (its datagrams go through
 /// the UDP socket meanwhile).
 const NEIGHBOUR_RETRY: Duration = Duration::from_millis(100);
+/// How long a queue held by a socket being released is waited for.
+const BIND_RETRY: Duration = Duration::from_secs(2);
 
 fn os_err(what: &str) -> io::Error {
     let e = io::Error::last_os_error();
@@ -150,8 +152,9 @@ fn set_xdp_opt<T>(fd: RawFd, name: i32, v: &T, what: &str) -> io::Result<()> {
     Ok(())
 }
 
-/// The bpf(2) system call with a zeroed 128-byte attribute block laid out by `fill`.
-fn bpf(cmd: i32, fill: impl FnOnce(&mut [u8; 128])) -> io::Result<OwnedFd> {
+/// The bpf(2) system call with a zeroed 128-byte attribute block laid out by `fill`; its
+/// result (a new descriptor for the commands that make one, 0 for the others).
+fn bpf(cmd: i32, fill: impl FnOnce(&mut [u8; 128])) -> io::Result<i64> {
     let mut attr = [0u8; 128];
     fill(&mut attr);
     // SAFETY: `attr` is a live, writable block of the size passed, laid out as the kernel's
@@ -161,8 +164,16 @@ fn bpf(cmd: i32, fill: impl FnOnce(&mut [u8; 128])) -> io::Result<OwnedFd> {
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: the commands used here return a new descriptor, owned by nothing else.
-    Ok(unsafe { OwnedFd::from_raw_fd(r as RawFd) })
+    Ok(r)
+}
+
+/// [`bpf`] for a command that makes a descriptor: the descriptor, owned.
+fn bpf_fd(cmd: i32, fill: impl FnOnce(&mut [u8; 128])) -> io::Result<OwnedFd> {
+    let fd = RawFd::try_from(bpf(cmd, fill)?)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "bpf: not a descriptor"))?;
+    // SAFETY: BPF_MAP_CREATE, BPF_PROG_LOAD and BPF_LINK_CREATE return a new descriptor,
+    // owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 fn put32(a: &mut [u8; 128], at: usize, v: u32) {
@@ -565,20 +576,34 @@ impl Xdp {
             sxdp_queue_id: 0,
             sxdp_shared_umem_fd: 0,
         };
-        // SAFETY: `sa` is a live sockaddr_xdp of the length passed.
-        let r = unsafe {
-            libc::bind(
-                raw,
-                (&sa as *const libc::sockaddr_xdp).cast(),
-                size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
-            return Err(os_err(&format!(
-                "bind an AF_XDP socket to queue 0 of {dev} (another one holds it?)"
-            )));
+        // The queue is free once the socket that held it before (this process's last device, a
+        // server's last client) is released, which the kernel finishes a little after the close:
+        // tried again for a while.
+        let tried_until = Instant::now() + BIND_RETRY;
+        loop {
+            // SAFETY: `sa` is a live sockaddr_xdp of the length passed.
+            let r = unsafe {
+                libc::bind(
+                    raw,
+                    (&sa as *const libc::sockaddr_xdp).cast(),
+                    size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
+                )
+            };
+            if r == 0 {
+                break;
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EBUSY) || Instant::now() > tried_until {
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "bind an AF_XDP socket to queue 0 of {dev} (another one holds it?): {e}"
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(2));
         }
-        let map = bpf(0, |a| {
+        let map = bpf_fd(0, |a| {
             put32(a, 0, 17); // BPF_MAP_CREATE: BPF_MAP_TYPE_XSKMAP
             put32(a, 4, 4);
             put32(a, 8, 4);
@@ -596,7 +621,7 @@ impl Xdp {
         let code = program(map.as_raw_fd(), local.port());
         let license = c"GPL";
         let mut log = vec![0u8; 16384];
-        let prog = bpf(5, |a| {
+        let prog = bpf_fd(5, |a| {
             put32(a, 0, 6); // BPF_PROG_LOAD: BPF_PROG_TYPE_XDP
             put32(a, 4, (code.len() / 8) as u32);
             put64(a, 8, code.as_ptr() as u64);
@@ -616,7 +641,7 @@ impl Xdp {
                 ),
             )
         })?;
-        let link = bpf(28, |a| {
+        let link = bpf_fd(28, |a| {
             put32(a, 0, prog.as_raw_fd() as u32); // BPF_LINK_CREATE
             put32(a, 4, index);
             put32(a, 8, 37); // BPF_XDP
@@ -665,12 +690,12 @@ impl Xdp {
     /// The next hop's MAC towards `dst`, from the kernel's tables (cached; an address without
     /// one is looked up again after [`NEIGHBOUR_RETRY`]).
     pub fn neighbour(&mut self, dst: Ipv4Addr) -> Option<MacAddr> {
-        let now = Instant::now();
         if let Some(&(mac, at)) = self.neighbours.get(&dst) {
-            if mac.is_some() || now.duration_since(at) < NEIGHBOUR_RETRY {
+            if mac.is_some() || at.elapsed() < NEIGHBOUR_RETRY {
                 return mac;
             }
         }
+        let now = Instant::now();
         let routes = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
         let arp = std::fs::read_to_string("/proc/net/arp").unwrap_or_default();
         let mac =
