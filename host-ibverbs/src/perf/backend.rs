@@ -502,7 +502,7 @@ impl Endpoint {
     /// measuring loop, and `Send`, so the formatting and the file can be left to another thread.
     pub fn stats_parts(&self) -> StatsParts {
         match &self.be {
-            Be::Udp(u) => StatsParts::Udp(u.ctx.counters(), u.ctx.snapshot()),
+            Be::Udp(u) => StatsParts::Udp(Box::new(u.ctx.counters()), u.ctx.snapshot()),
             #[cfg(feature = "verbs")]
             Be::Verbs(v) => StatsParts::Verbs(v.ctx.name().to_string()),
         }
@@ -615,7 +615,7 @@ impl Endpoint {
 /// An endpoint's counters as taken by [`Endpoint::stats_parts`].
 pub enum StatsParts {
     /// The UDP transport: device counters and each connected queue pair.
-    Udp(udp::stats::EngineCounters, Vec<udp::stats::QpSnapshot>),
+    Udp(Box<udp::stats::EngineCounters>, Vec<udp::stats::QpSnapshot>),
     /// A verbs device, by name (its counters are the kernel's: `rdma statistic`).
     #[cfg(feature = "verbs")]
     Verbs(String),
