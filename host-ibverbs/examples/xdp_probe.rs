@@ -10,8 +10,9 @@
 //! xdp_probe send IFACE PORT PEER_IP:PORT SIZE SECONDS
 //! ```
 //!
-//! Each end loads a small XDP program on its interface (driver mode: a veth runs it in the NAPI
-//! poll of its receive queue) that hands the IPv4 UDP frames for PORT to its AF_XDP socket
+//! Each end loads the UDP transport's XDP program (`host_ibverbs::udp::xdp::program`) on its
+//! interface (driver mode: a veth runs it in the NAPI poll of its receive queue), which hands the
+//! unfragmented IPv4 UDP frames for the interface's address and PORT to its AF_XDP socket
 //! through an XSKMAP and passes every other frame to the kernel's stack as before; the program
 //! is detached when the process exits (a BPF link). Frames leave through the socket's TX ring
 //! with a `sendto` that asks the kernel to send them (copy mode: the kernel copies each into an
@@ -165,57 +166,6 @@ fn put64(a: &mut [u8; 128], at: usize, v: u64) {
     a[at..at + 8].copy_from_slice(&v.to_ne_bytes());
 }
 
-/// One BPF instruction: opcode, destination and source registers, offset, immediate.
-fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
-    let mut i = [0u8; 8];
-    i[0] = code;
-    i[1] = (src << 4) | (dst & 0xf);
-    i[2..4].copy_from_slice(&off.to_le_bytes());
-    i[4..8].copy_from_slice(&imm.to_le_bytes());
-    i
-}
-
-/// The XDP program: an IPv4 frame without options carrying UDP to `port` goes to the socket in
-/// `map` at the frame's queue (falling back to the stack), anything else to the stack.
-fn program(map_fd: i32, port: u16) -> Vec<[u8; 8]> {
-    const LDXW: u8 = 0x61;
-    const LDXH: u8 = 0x69;
-    const LDXB: u8 = 0x71;
-    const MOV64X: u8 = 0xbf;
-    const MOV64K: u8 = 0xb7;
-    const ADD64K: u8 = 0x07;
-    const JGTX: u8 = 0x2d;
-    const JNEK: u8 = 0x55;
-    const LDDW: u8 = 0x18;
-    const CALL: u8 = 0x85;
-    const EXIT: u8 = 0x95;
-    const XDP_PASS: i32 = 2;
-    const REDIRECT_MAP: i32 = 51;
-    // The port as a little-endian 16-bit load of its network-order bytes reads it.
-    let port_le = i32::from(u16::from_le_bytes(port.to_be_bytes()));
-    vec![
-        insn(LDXW, 2, 1, 0, 0),                // 0: r2 = ctx->data
-        insn(LDXW, 3, 1, 4, 0),                // 1: r3 = ctx->data_end
-        insn(MOV64X, 4, 2, 0, 0),              // 2: r4 = r2
-        insn(ADD64K, 4, 0, 0, HEADERS as i32), // 3: r4 += 42
-        insn(JGTX, 4, 3, 12, 0),               // 4: if r4 > r3 goto pass
-        insn(LDXB, 5, 2, 23, 0),               // 5: r5 = IPv4 protocol
-        insn(JNEK, 5, 0, 10, 17),              // 6: not UDP: pass
-        insn(LDXB, 5, 2, 14, 0),               // 7: r5 = version and header length
-        insn(JNEK, 5, 0, 8, 0x45),             // 8: not IPv4 without options: pass
-        insn(LDXH, 5, 2, 36, 0),               // 9: r5 = UDP destination port
-        insn(JNEK, 5, 0, 6, port_le),          // 10: another port: pass
-        insn(LDXW, 2, 1, 16, 0),               // 11: r2 = ctx->rx_queue_index
-        insn(LDDW, 1, 1, 0, map_fd),           // 12: r1 = the map (pseudo map fd)
-        insn(0, 0, 0, 0, 0),                   // 13: (its upper half)
-        insn(MOV64K, 3, 0, 0, XDP_PASS),       // 14: r3 = XDP_PASS if no socket
-        insn(CALL, 0, 0, 0, REDIRECT_MAP),     // 15: bpf_redirect_map(r1, r2, r3)
-        insn(EXIT, 0, 0, 0, 0),                // 16
-        insn(MOV64K, 0, 0, 0, XDP_PASS),       // 17: pass: r0 = XDP_PASS
-        insn(EXIT, 0, 0, 0, 0),                // 18
-    ]
-}
-
 fn ifindex(iface: &str) -> u32 {
     let name = std::ffi::CString::new(iface).expect("interface name");
     // SAFETY: a NUL-terminated name.
@@ -336,7 +286,8 @@ impl Xsk {
             // BPF_MAP_UPDATE_ELEM
             die("bpf(BPF_MAP_UPDATE_ELEM)");
         }
-        let code: Vec<u8> = program(map.as_raw_fd(), port).concat();
+        let (_, ip) = addresses(iface);
+        let code = host_ibverbs::udp::xdp::program(map.as_raw_fd(), std::net::SocketAddrV4::new(ip.into(), port));
         let license = c"GPL";
         let mut log = vec![0u8; 65536];
         let mut a = [0u8; 128];

@@ -260,6 +260,7 @@ impl Engine {
             c.xdp_tx_frames = x.counters.tx_frames;
             c.xdp_tx_kicks = x.counters.tx_kicks;
             c.xdp_tx_no_room = x.counters.tx_no_room;
+            c.tx_errors += x.counters.tx_errors;
         }
         c
     }
@@ -317,6 +318,11 @@ impl Engine {
             self.dirty = false;
             busy |= self.transmit(now);
         }
+        if let Some(x) = self.xdp.as_mut().filter(|x| x.unsent()) {
+            // Frames the last kick left in the TX ring (the kernel takes a batch a call).
+            x.kick();
+            busy = true;
+        }
         // Datagrams asked for per call: one while they come one at a time (a ping-pong: no
         // second attempt on an empty queue inside the call, and an answer is handed over before
         // what arrived after it is read), doubling while calls in a row fill up, to a full
@@ -361,7 +367,7 @@ impl Engine {
                 // What arrived while this end slept is dated by the kernel: the time to wake up
                 // counts in no RTT and no ACK delay.
                 let now = self.now();
-                if self.receive(now, RX_BATCH) > 0 {
+                if self.receive_all(now, RX_BATCH) > 0 {
                     busy = true;
                 }
                 self.clock_floor = self.clock_floor.max(now);
@@ -392,7 +398,7 @@ impl Engine {
     fn host_stalled(&mut self, now: Instant) {
         self.counters.host_stalls += 1;
         for _ in 0..16 {
-            if self.receive(now, RX_BATCH) < RX_BATCH {
+            if self.receive_all(now, RX_BATCH) < RX_BATCH {
                 break;
             }
         }

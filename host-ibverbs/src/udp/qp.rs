@@ -123,6 +123,15 @@ impl QueuePair {
             if qp.conn.is_some() {
                 return Err(Error::new("connect", ErrorKind::AlreadyConnected));
             }
+            if e.xdp.is_some() && cfg.icrc != IcrcMode::Full {
+                // Nothing checks the UDP checksum of a frame the AF_XDP socket hands over.
+                return Err(Error::new(
+                    "connect",
+                    ErrorKind::Invalid(
+                        "ICRC mode: the AF_XDP datapath checks arrivals by the full ICRC alone",
+                    ),
+                ));
+            }
             let mut conn = Box::new(engine::Conn::new(cfg));
             for r in regions {
                 conn.register(r)

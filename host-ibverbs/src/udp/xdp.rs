@@ -19,8 +19,10 @@
 //! interface with one receive queue (a veth pair, a NIC set to one channel); frames of at most
 //! [`CHUNK`] bytes (an MTU up to 3.5 KB or so, which XDP in a veth's driver also needs); no
 //! kernel arrival times (arrivals are dated when read, which a spinning end does at once); the
-//! XDP program is detached when the device closes (a BPF link). Needs CAP_NET_ADMIN and
-//! CAP_BPF (root).
+//! XDP program is detached when the device closes (a BPF link). Frames leave without the
+//! interface's queueing discipline (tc shaping and priorities, `SO_PRIORITY`, do not apply) and
+//! arrive before netfilter (firewall rules on the engine's port and address are not consulted).
+//! The next hop comes from the main routing table only. Needs CAP_NET_ADMIN and CAP_BPF (root).
 
 use super::socket::{RecvMeta, ECT0};
 use std::collections::HashMap;
@@ -43,8 +45,13 @@ pub const HEADERS: usize = 14 + 20 + 8;
 /// How long an address without a next-hop MAC is not looked up again (its datagrams go through
 /// the UDP socket meanwhile).
 const NEIGHBOUR_RETRY: Duration = Duration::from_millis(100);
+/// How long a next-hop MAC found is used before the kernel's tables are read again (a moved
+/// neighbour, a changed route).
+const NEIGHBOUR_TTL: Duration = Duration::from_secs(1);
 /// How long a queue held by a socket being released is waited for.
 const BIND_RETRY: Duration = Duration::from_secs(2);
+/// `sendto` calls one kick makes at most while the kernel keeps taking frames.
+const KICKS: usize = 256;
 
 fn os_err(what: &str) -> io::Error {
     let e = io::Error::last_os_error();
@@ -157,6 +164,11 @@ fn set_xdp_opt<T>(fd: RawFd, name: i32, v: &T, what: &str) -> io::Result<()> {
 fn bpf(cmd: i32, fill: impl FnOnce(&mut [u8; 128])) -> io::Result<i64> {
     let mut attr = [0u8; 128];
     fill(&mut attr);
+    bpf_attr(cmd, &mut attr)
+}
+
+/// The bpf(2) system call on `attr`, which the kernel may write back into.
+fn bpf_attr(cmd: i32, attr: &mut [u8; 128]) -> io::Result<i64> {
     // SAFETY: `attr` is a live, writable block of the size passed, laid out as the kernel's
     // `union bpf_attr` for `cmd` (every pointer in it points at live memory of this frame or
     // the caller's).
@@ -194,10 +206,10 @@ fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
     i
 }
 
-/// The XDP program: an IPv4 frame without options and not a fragment, carrying UDP to `port`,
-/// goes to the socket in XSKMAP `map_fd` at the frame's queue (to the stack if there is none);
-/// every other frame to the stack.
-pub fn program(map_fd: RawFd, port: u16) -> Vec<u8> {
+/// The XDP program: an IPv4 frame without options and not a fragment, carrying UDP to `local`
+/// (address and port), goes to the socket in XSKMAP `map_fd` at the frame's queue (to the stack
+/// if there is none); every other frame to the stack.
+pub fn program(map_fd: RawFd, local: SocketAddrV4) -> Vec<u8> {
     const LDXW: u8 = 0x61;
     const LDXH: u8 = 0x69;
     const LDXB: u8 = 0x71;
@@ -207,6 +219,7 @@ pub fn program(map_fd: RawFd, port: u16) -> Vec<u8> {
     const AND64K: u8 = 0x57;
     const JGTX: u8 = 0x2d;
     const JNEK: u8 = 0x55;
+    const JNE32K: u8 = 0x56;
     const LDDW: u8 = 0x18;
     const CALL: u8 = 0x85;
     const EXIT: u8 = 0x95;
@@ -215,7 +228,11 @@ pub fn program(map_fd: RawFd, port: u16) -> Vec<u8> {
     const PSEUDO_MAP_FD: u8 = 1;
     // 16-bit loads are little-endian here: a field's network-order bytes read swapped.
     let be16 = |v: u16| i32::from(u16::from_le_bytes(v.to_be_bytes()));
-    let pass = 22i16; // index of the "pass" instruction (the wide load takes two slots)
+    let pass = 24i16; // index of the "pass" instruction (the wide load takes two slots)
+    let port = local.port();
+    // The address's network-order bytes as a little-endian 32-bit load reads them, compared in
+    // 32 bits (a 64-bit compare would sign-extend the immediate).
+    let addr = i32::from_le_bytes(local.ip().octets());
     let to_pass = |at: i16| pass - at - 1;
     [
         insn(LDXW, 2, 1, 0, 0),                     // 0: r2 = ctx->data
@@ -234,14 +251,16 @@ pub fn program(map_fd: RawFd, port: u16) -> Vec<u8> {
         insn(JNEK, 5, 0, to_pass(13), 0),           // 13: a fragment: pass (the stack joins them)
         insn(LDXH, 5, 2, 36, 0),                    // 14: r5 = UDP destination port
         insn(JNEK, 5, 0, to_pass(15), be16(port)),  // 15: another port: pass
-        insn(LDXW, 2, 1, 16, 0),                    // 16: r2 = ctx->rx_queue_index
-        insn(LDDW, 1, PSEUDO_MAP_FD, 0, map_fd),    // 17: r1 = the map
-        insn(0, 0, 0, 0, 0),                        // 18: (its upper half)
-        insn(MOV64K, 3, 0, 0, XDP_PASS),            // 19: r3 = pass if no socket
-        insn(CALL, 0, 0, 0, REDIRECT_MAP),          // 20: r0 = bpf_redirect_map(r1, r2, r3)
-        insn(EXIT, 0, 0, 0, 0),                     // 21
-        insn(MOV64K, 0, 0, 0, XDP_PASS),            // 22: pass: r0 = XDP_PASS
+        insn(LDXW, 5, 2, 30, 0),                    // 16: r5 = IPv4 destination
+        insn(JNE32K, 5, 0, to_pass(17), addr),      // 17: another address: pass
+        insn(LDXW, 2, 1, 16, 0),                    // 18: r2 = ctx->rx_queue_index
+        insn(LDDW, 1, PSEUDO_MAP_FD, 0, map_fd),    // 19: r1 = the map
+        insn(0, 0, 0, 0, 0),                        // 20: (its upper half)
+        insn(MOV64K, 3, 0, 0, XDP_PASS),            // 21: r3 = pass if no socket
+        insn(CALL, 0, 0, 0, REDIRECT_MAP),          // 22: r0 = bpf_redirect_map(r1, r2, r3)
         insn(EXIT, 0, 0, 0, 0),                     // 23
+        insn(MOV64K, 0, 0, 0, XDP_PASS),            // 24: pass: r0 = XDP_PASS
+        insn(EXIT, 0, 0, 0, 0),                     // 25
     ]
     .concat()
 }
@@ -261,9 +280,11 @@ fn interface_of(ip: Ipv4Addr) -> io::Result<(String, u32)> {
             if !e.ifa_addr.is_null() && i32::from((*e.ifa_addr).sa_family) == libc::AF_INET {
                 let sin = &*(e.ifa_addr as *const libc::sockaddr_in);
                 if Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)) == ip {
+                    // An address with a label (`eth0:1`) belongs to the interface before it.
                     found = std::ffi::CStr::from_ptr(e.ifa_name)
                         .to_str()
                         .ok()
+                        .and_then(|n| n.split(':').next())
                         .map(str::to_owned);
                 }
             }
@@ -287,6 +308,47 @@ fn interface_of(ip: Ipv4Addr) -> io::Result<(String, u32)> {
     Ok((name, index))
 }
 
+/// The MAC of interface `dev` (`SIOCGIFHWADDR`: the caller's network namespace, whatever
+/// `/sys` shows).
+fn hardware_address(dev: &str) -> io::Result<MacAddr> {
+    // SAFETY: plain socket creation; the result is checked and owned below.
+    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(os_err("socket for SIOCGIFHWADDR"));
+    }
+    // SAFETY: a new descriptor owned by nothing else.
+    let s = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: all-zero is a valid ifreq.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    if dev.len() >= ifr.ifr_name.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "interface name",
+        ));
+    }
+    for (d, b) in ifr.ifr_name.iter_mut().zip(dev.bytes()) {
+        *d = b as libc::c_char;
+    }
+    // SAFETY: `ifr` is a live ifreq naming the interface (NUL-terminated: zeroed past the
+    // name); SIOCGIFHWADDR fills its hardware address.
+    if unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCGIFHWADDR, &mut ifr) } != 0 {
+        return Err(os_err(&format!("the MAC of {dev}")));
+    }
+    // SAFETY: SIOCGIFHWADDR wrote the `ifru_hwaddr` member of the union.
+    let sa = unsafe { ifr.ifr_ifru.ifru_hwaddr };
+    let mut mac = [0u8; 6];
+    for (m, &b) in mac.iter_mut().zip(sa.sa_data.iter()) {
+        *m = b as u8;
+    }
+    if i32::from(sa.sa_family) != i32::from(libc::ARPHRD_ETHER) || mac == [0; 6] {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("{dev} is no Ethernet interface with a MAC address"),
+        ));
+    }
+    Ok(MacAddr(mac))
+}
+
 /// A MAC address as `/sys` and `/proc/net/arp` write it (`aa:bb:cc:dd:ee:ff`).
 pub fn parse_mac(text: &str) -> Option<MacAddr> {
     let mut mac = [0u8; 6];
@@ -301,34 +363,57 @@ pub fn parse_mac(text: &str) -> Option<MacAddr> {
     parts.next().is_none().then_some(MacAddr(mac))
 }
 
-/// The next hop towards `dst` out of interface `dev`, by the longest matching prefix of a route
-/// in `/proc/net/route`'s text (its addresses in the kernel's byte order, written in hex): the
-/// route's gateway, or `dst` itself on a link route. None: no route out of `dev` matches.
-pub fn next_hop(routes: &str, dev: &str, dst: Ipv4Addr) -> Option<Ipv4Addr> {
-    let hex = |s: &str| {
-        u32::from_str_radix(s, 16)
-            .ok()
-            .map(|v| Ipv4Addr::from(v.swap_bytes()))
-    };
-    let mut best: Option<(u32, Ipv4Addr)> = None;
+/// The route the kernel's main table takes towards `dst`, from `/proc/net/route`'s text (its
+/// addresses are the kernel's network-order words printed as host integers, in hex): the
+/// longest matching prefix among the routes that are up and not rejecting, the lower metric
+/// among equals; its interface and next hop (the gateway, or `dst` itself on a link route).
+/// None: no route. (Policy routing and the local table are not read: a destination of this host
+/// or one that only another table reaches goes through the UDP socket when its route leaves by
+/// another interface, or has no neighbour entry.)
+pub fn route_to(routes: &str, dst: Ipv4Addr) -> Option<(&str, Ipv4Addr)> {
+    const RTF_UP: u32 = 0x1;
+    const RTF_REJECT: u32 = 0x200;
+    let word = |s: &str| u32::from_str_radix(s, 16).ok();
+    let addr = |v: u32| Ipv4Addr::from(v.to_ne_bytes());
+    let mut best: Option<(u32, u32, &str, Ipv4Addr)> = None;
     for line in routes.lines().skip(1) {
         let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 8 || f[0] != dev {
+        if f.len() < 8 {
             continue;
         }
-        let (Some(net), Some(gw), Some(mask)) = (hex(f[1]), hex(f[2]), hex(f[7])) else {
+        let (Some(net), Some(gw), Some(flags), Some(metric), Some(mask)) = (
+            word(f[1]),
+            word(f[2]),
+            word(f[3]),
+            f[6].parse::<u32>().ok(),
+            word(f[7]),
+        ) else {
             continue;
         };
-        let (net, mask) = (u32::from(net), u32::from(mask));
+        if flags & RTF_UP == 0 || flags & RTF_REJECT != 0 {
+            continue;
+        }
+        let (net, mask, gw) = (u32::from(addr(net)), u32::from(addr(mask)), addr(gw));
         if u32::from(dst) & mask != net & mask {
             continue;
         }
         let len = mask.count_ones();
-        if best.is_none_or(|(l, _)| len > l) {
-            best = Some((len, if gw.is_unspecified() { dst } else { gw }));
+        let better = match best {
+            None => true,
+            Some((l, m, _, _)) => len > l || (len == l && metric < m),
+        };
+        if better {
+            let hop = if gw.is_unspecified() { dst } else { gw };
+            best = Some((len, metric, f[0], hop));
         }
     }
-    best.map(|(_, hop)| hop)
+    best.map(|(_, _, dev, hop)| (dev, hop))
+}
+
+/// The next hop towards `dst` when the kernel's route to it leaves by interface `dev`
+/// ([`route_to`]); None when it leaves by another one, or there is none.
+pub fn next_hop(routes: &str, dev: &str, dst: Ipv4Addr) -> Option<Ipv4Addr> {
+    route_to(routes, dst).and_then(|(d, hop)| (d == dev).then_some(hop))
 }
 
 /// The MAC of `ip` on interface `dev` in `/proc/net/arp`'s text, if resolved (flag 0x2).
@@ -434,6 +519,8 @@ pub struct XdpCounters {
     pub tx_kicks: u64,
     /// Datagrams without a buffer or ring room (lost).
     pub tx_no_room: u64,
+    /// Kicks the kernel refused for another reason than a busy ring (the interface down...).
+    pub tx_errors: u64,
 }
 
 /// An AF_XDP socket with its frame memory, rings and XDP program (see the module's text).
@@ -484,15 +571,7 @@ impl Xdp {
                 ),
             ));
         }
-        let mac = std::fs::read_to_string(format!("/sys/class/net/{dev}/address"))
-            .ok()
-            .and_then(|t| parse_mac(&t))
-            .ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::Unsupported,
-                    format!("{dev} has no MAC address"),
-                )
-            })?;
+        let mac = hardware_address(&dev)?;
         // SAFETY: plain socket creation; the result is checked.
         let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
         if raw < 0 {
@@ -618,7 +697,7 @@ impl Xdp {
             put64(a, 16, &value as *const u32 as u64);
         })
         .map_err(|e| io::Error::new(e.kind(), format!("put the socket in the XSKMAP: {e}")))?;
-        let code = program(map.as_raw_fd(), local.port());
+        let code = program(map.as_raw_fd(), local);
         let license = c"GPL";
         let mut log = vec![0u8; 16384];
         let prog = bpf_fd(5, |a| {
@@ -677,6 +756,19 @@ impl Xdp {
         })
     }
 
+    /// Runs the datapath's XDP program, as the kernel verified it, on `frame`
+    /// (`BPF_PROG_TEST_RUN`, queue 0) and returns its verdict: 2 (`XDP_PASS`) for a frame the
+    /// kernel's stack keeps, 4 (`XDP_REDIRECT`) for one this socket takes.
+    pub fn test_run(&self, frame: &[u8]) -> io::Result<u32> {
+        let mut a = [0u8; 128];
+        put32(&mut a, 0, self._prog.as_raw_fd() as u32);
+        put32(&mut a, 8, frame.len() as u32);
+        put64(&mut a, 16, frame.as_ptr() as u64);
+        put32(&mut a, 32, 1); // repeat
+        bpf_attr(10, &mut a)?; // BPF_PROG_TEST_RUN
+        Ok(u32::from_ne_bytes([a[4], a[5], a[6], a[7]]))
+    }
+
     /// The socket, to sleep on (POLLIN when the RX ring holds frames).
     pub fn raw_fd(&self) -> RawFd {
         self.fd.as_raw_fd()
@@ -687,11 +779,17 @@ impl Xdp {
         &self.dev
     }
 
-    /// The next hop's MAC towards `dst`, from the kernel's tables (cached; an address without
-    /// one is looked up again after [`NEIGHBOUR_RETRY`]).
+    /// The next hop's MAC towards `dst`, from the kernel's tables, when the route to it leaves by
+    /// this interface (cached for [`NEIGHBOUR_TTL`]; an address without one is looked up again
+    /// after [`NEIGHBOUR_RETRY`]).
     pub fn neighbour(&mut self, dst: Ipv4Addr) -> Option<MacAddr> {
         if let Some(&(mac, at)) = self.neighbours.get(&dst) {
-            if mac.is_some() || at.elapsed() < NEIGHBOUR_RETRY {
+            let keep = if mac.is_some() {
+                NEIGHBOUR_TTL
+            } else {
+                NEIGHBOUR_RETRY
+            };
+            if at.elapsed() < keep {
                 return mac;
             }
         }
@@ -799,29 +897,48 @@ impl Xdp {
         true
     }
 
-    /// Asks the kernel to send what the TX ring holds (copy mode sends within the call, a
-    /// batch at a time: what it leaves is sent at the next kick).
+    /// Asks the kernel to send what the TX ring holds. In copy mode each call sends a batch (32
+    /// frames in Linux 6.x) and says EAGAIN when more wait: called again while the kernel takes
+    /// frames, so none is left behind for the next flush (a bounded number of times; what is
+    /// still there then is sent at the engine's next round, [`Xdp::unsent`]).
     pub fn kick(&mut self) {
-        if !self.unsent {
-            return;
+        for _ in 0..KICKS {
+            if !self.unsent {
+                break;
+            }
+            let before = self.tx.consumer().load(Ordering::Acquire);
+            self.counters.tx_kicks += 1;
+            // SAFETY: a send of nothing on this socket: the kernel takes the frames from its
+            // ring.
+            let r = unsafe {
+                libc::sendto(
+                    self.fd.as_raw_fd(),
+                    std::ptr::null(),
+                    0,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null(),
+                    0,
+                )
+            };
+            let err = (r < 0).then(io::Error::last_os_error);
+            let prod = self.tx.producer().load(Ordering::Relaxed);
+            let after = self.tx.consumer().load(Ordering::Acquire);
+            self.unsent = after != prod;
+            match err.and_then(|e| e.raw_os_error()) {
+                // Busy or out of buffers: the frames stay in the ring for the next kick.
+                None | Some(libc::EAGAIN) | Some(libc::EBUSY) | Some(libc::ENOBUFS) => {}
+                Some(_) => self.counters.tx_errors += 1,
+            }
+            if after == before {
+                break;
+            }
         }
-        self.counters.tx_kicks += 1;
-        // SAFETY: a send of nothing on this socket: the kernel takes the frames from its ring.
-        unsafe {
-            libc::sendto(
-                self.fd.as_raw_fd(),
-                std::ptr::null(),
-                0,
-                libc::MSG_DONTWAIT,
-                std::ptr::null(),
-                0,
-            )
-        };
-        // (EAGAIN, EBUSY, ENOBUFS: the kernel is busy or out of buffers; the frames stay in the
-        // ring for the next kick.)
-        let prod = self.tx.producer().load(Ordering::Relaxed);
-        self.unsent = self.tx.consumer().load(Ordering::Acquire) != prod;
         self.reap();
+    }
+
+    /// Frames in the TX ring the kernel has not taken yet.
+    pub fn unsent(&self) -> bool {
+        self.unsent
     }
 
     /// Frames waiting in the RX ring.
@@ -873,11 +990,17 @@ impl Xdp {
 mod tests {
     use super::*;
 
+    // As a little-endian host prints them: 192.168.0.0/24 is 0000A8C0.
     const ROUTES: &str =
         "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
         eth0\t00000000\t0100A8C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n\
         eth0\t0000A8C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
-        veth1\t00004E0A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n";
+        veth1\t00004E0A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
+        docker0\t000011AC\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n\
+        eth1\t0000000A\t00000000\t0001\t0\t0\t100\t000000FF\t0\t0\t0\n\
+        eth2\t0000000A\t00000000\t0001\t0\t0\t50\t000000FF\t0\t0\t0\n\
+        eth0\t0000C8C0\t00000000\t0201\t0\t0\t0\t0000FFFF\t0\t0\t0\n\
+        eth0\t0000C9C0\t00000000\t0000\t0\t0\t0\t0000FFFF\t0\t0\t0\n";
     const ARP: &str =
         "IP address       HW type     Flags       HW address            Mask     Device\n\
         192.168.0.1      0x1         0x2         52:54:00:12:34:56     *        eth0\n\
@@ -900,10 +1023,36 @@ mod tests {
             next_hop(ROUTES, "veth1", ip("10.78.0.2")),
             Some(ip("10.78.0.2"))
         );
-        // No route out of that interface.
+        // The kernel's route leaves by another interface: not this one's (its default route
+        // would send the frames to a gateway that is not on the way).
         assert_eq!(next_hop(ROUTES, "veth1", ip("8.8.8.8")), None);
+        assert_eq!(next_hop(ROUTES, "eth0", ip("172.17.0.5")), None);
+        assert_eq!(
+            route_to(ROUTES, ip("172.17.0.5")),
+            Some(("docker0", ip("172.17.0.5")))
+        );
+        assert_eq!(next_hop(ROUTES, "eth0", ip("10.78.0.2")), None);
         assert_eq!(next_hop(ROUTES, "lo", ip("10.78.0.2")), None);
         assert_eq!(next_hop("", "eth0", ip("10.78.0.2")), None);
+        // Equal prefixes: the lower metric.
+        assert_eq!(
+            route_to(ROUTES, ip("10.1.2.3")),
+            Some(("eth2", ip("10.1.2.3")))
+        );
+        // A reject route and a route that is down are not taken (the default route is).
+        assert_eq!(
+            route_to(ROUTES, ip("192.200.1.1")),
+            Some(("eth0", ip("192.168.0.1")))
+        );
+        assert_eq!(
+            route_to(ROUTES, ip("192.201.1.1")),
+            Some(("eth0", ip("192.168.0.1")))
+        );
+        // Lines that do not parse are skipped.
+        assert_eq!(
+            route_to("header\nnonsense\neth0 zz 0 1 0 0 0 0\n", ip("1.2.3.4")),
+            None
+        );
     }
 
     #[test]
@@ -999,19 +1148,105 @@ mod tests {
         .is_none());
     }
 
+    /// The program as the kernel verified and runs it (`BPF_PROG_TEST_RUN`), on frames built
+    /// here: the engine's frames go to the socket, everything else to the kernel's stack.
+    #[test]
+    #[ignore = "needs root for a network namespace and BPF; scripts/test.sh runs it"]
+    fn the_program_takes_the_engines_frames_and_leaves_all_else_to_the_stack() {
+        use std::process::Command;
+        let ns = format!("mrxdpt{}", std::process::id());
+        let sh = |args: &[&str]| {
+            let ok = Command::new(args[0])
+                .args(&args[1..])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "{args:?} failed");
+        };
+        struct Gone(String);
+        impl Drop for Gone {
+            fn drop(&mut self) {
+                let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+            }
+        }
+        sh(&["ip", "netns", "add", &ns]);
+        let _gone = Gone(ns.clone());
+        sh(&[
+            "ip", "-n", &ns, "link", "add", "xa", "type", "veth", "peer", "name", "xb",
+        ]);
+        sh(&[
+            "ip",
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            "10.79.5.200/24",
+            "dev",
+            "xa",
+        ]);
+        sh(&["ip", "-n", &ns, "link", "set", "xa", "up"]);
+        sh(&["ip", "-n", &ns, "link", "set", "xb", "up"]);
+        let path = format!("/var/run/netns/{ns}");
+        let verdicts = std::thread::spawn(move || {
+            let f = std::fs::File::open(path).expect("the namespace");
+            // SAFETY: moves this thread alone into the namespace `f` names.
+            assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
+            // (An address whose last byte is 200: negative as a 32-bit immediate.)
+            let local = SocketAddrV4::new(Ipv4Addr::new(10, 79, 5, 200), 4791);
+            let x = Xdp::open(local, 0).expect("the AF_XDP datapath on a veth");
+            let peer = SocketAddrV4::new(Ipv4Addr::new(10, 79, 5, 1), 50000);
+            let mut ours = vec![0u8; HEADERS + 64];
+            emit_headers(
+                &mut ours,
+                MacAddr([2; 6]),
+                MacAddr([4; 6]),
+                peer,
+                local,
+                ECT0,
+                64,
+            )
+            .unwrap();
+            let mut cases: Vec<(&str, Vec<u8>, u32)> = vec![("ours", ours.clone(), 4)];
+            let mut other = |what: &'static str, change: &dyn Fn(&mut Vec<u8>)| {
+                let mut f = ours.clone();
+                change(&mut f);
+                cases.push((what, f, 2));
+            };
+            other("another port", &|f| {
+                f[36..38].copy_from_slice(&4792u16.to_be_bytes())
+            });
+            other("another address", &|f| f[33] = 201);
+            other("a first fragment", &|f| f[20] |= 0x20);
+            other("a later fragment", &|f| f[21] = 1);
+            other("IP options", &|f| f[14] = 0x46);
+            other("TCP", &|f| f[23] = 6);
+            other("ARP", &|f| f[12..14].copy_from_slice(&[0x08, 0x06]));
+            other("IPv6", &|f| f[12..14].copy_from_slice(&[0x86, 0xdd]));
+            other("cut short", &|f| f.truncate(40));
+            cases
+                .into_iter()
+                .map(|(what, f, want)| (what, x.test_run(&f).expect("test run"), want))
+                .collect::<Vec<_>>()
+        })
+        .join()
+        .expect("the namespace thread");
+        for (what, got, want) in verdicts {
+            assert_eq!(got, want, "{what}");
+        }
+    }
+
     #[test]
     fn the_program_is_whole_instructions_that_end_in_exits() {
-        let p = program(7, 4791);
+        let p = program(7, SocketAddrV4::new(Ipv4Addr::new(10, 78, 0, 200), 4791));
         assert_eq!(p.len() % 8, 0);
         let insns: Vec<&[u8]> = p.chunks(8).collect();
-        assert_eq!(insns.len(), 24);
+        assert_eq!(insns.len(), 26);
         assert_eq!(insns[insns.len() - 1][0], 0x95);
         // Every conditional jump to "pass" lands on `r0 = XDP_PASS`.
         let pass = insns.len() - 2;
         assert_eq!(insns[pass][0], 0xb7);
         assert_eq!(i32::from_le_bytes(insns[pass][4..8].try_into().unwrap()), 2);
         for (i, x) in insns.iter().enumerate() {
-            if matches!(x[0], 0x2d | 0x55) {
+            if matches!(x[0], 0x2d | 0x55 | 0x56) {
                 let off = i16::from_le_bytes([x[2], x[3]]);
                 assert_eq!(i as i64 + 1 + i64::from(off), pass as i64, "jump at {i}");
             }
@@ -1020,6 +1255,13 @@ mod tests {
         assert!(insns
             .iter()
             .any(|x| x[0] == 0x55 && i32::from_le_bytes(x[4..8].try_into().unwrap()) == 0xb712));
+        // The address is compared in 32 bits (10.78.0.200 reads 0xc8004e0a, negative as an
+        // i32: a 64-bit compare would sign-extend it and never match).
+        let a = insns
+            .iter()
+            .find(|x| x[0] == 0x56)
+            .expect("a 32-bit compare");
+        assert_eq!(u32::from_le_bytes(a[4..8].try_into().unwrap()), 0xc800_4e0a);
         // The map is a pseudo map fd load of descriptor 7.
         let ld = insns.iter().position(|x| x[0] == 0x18).unwrap();
         assert_eq!(insns[ld][1] >> 4, 1);

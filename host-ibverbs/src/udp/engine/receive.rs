@@ -14,13 +14,21 @@ impl Engine {
         if self.xdp.is_some() {
             // Arrivals come through the AF_XDP socket's ring (no system call). The UDP socket
             // still gets what the XDP program leaves to the kernel's stack (fragments, another
-            // interface, this host): read when everything waiting is asked for (after a sleep
-            // or a stall) and every few rounds.
+            // interface, this host): read every few rounds, and by `receive_all`.
             let mut got = self.receive_xdp(want);
-            if want >= RX_BATCH || self.rounds % XDP_SOCKET_ROUNDS == 0 {
+            if self.rounds % XDP_SOCKET_ROUNDS == 0 {
                 got += self.receive_socket(now, want);
             }
             return got;
+        }
+        self.receive_socket(now, want)
+    }
+
+    /// As `receive`, reading the UDP socket too with the AF_XDP datapath (after a sleep, which
+    /// either may have ended, or a stall).
+    pub(super) fn receive_all(&mut self, now: Instant, want: usize) -> usize {
+        if self.xdp.is_some() {
+            return self.receive_xdp(want) + self.receive_socket(now, want);
         }
         self.receive_socket(now, want)
     }
