@@ -287,7 +287,10 @@ impl Xsk {
             die("bpf(BPF_MAP_UPDATE_ELEM)");
         }
         let (_, ip) = addresses(iface);
-        let code = host_ibverbs::udp::xdp::program(map.as_raw_fd(), std::net::SocketAddrV4::new(ip.into(), port));
+        let code = host_ibverbs::udp::xdp::program(
+            map.as_raw_fd(),
+            std::net::SocketAddrV4::new(ip.into(), port),
+        );
         let license = c"GPL";
         let mut log = vec![0u8; 65536];
         let mut a = [0u8; 128];
