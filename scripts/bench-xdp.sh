@@ -2,8 +2,8 @@
 # What AF_XDP would buy the UDP transport between two hosts, measured without the transport: two
 # network namespaces joined by a veth pair (MTU 1500), round by round, in an order that alternates:
 #   - latency: the plain UDP ping-pong (host-ibverbs/examples/udp_pingpong.rs), the same ping-pong
-#     through AF_XDP sockets in copy mode (host-ibverbs/examples/xdp_probe.rs: raw frames, the
-#     arrivals read from the RX ring without a system call), and `metaroce write-lat` (the UDP
+#     through the transport's AF_XDP datapath alone, no connection (host-ibverbs/examples/xdp_probe.rs:
+#     copy mode, the arrivals read from the RX ring without a system call), and `metaroce write-lat` (the UDP
 #     transport) through its UDP sockets and with `--xdp` on both ends, 2-byte messages; the p50
 #     of each run (half the round trip);
 #   - bulk: the bare UDP ceiling (host-ibverbs/examples/udp_ceiling.rs: GSO sender, GRO receiver)
@@ -44,9 +44,9 @@ lat_udp() {
   wait "$!"
 }
 lat_xdp() {
-  inb "$X" server vb 18812 &
+  inb "$X" server 10.78.1.2:18812 &
   sleep 0.5
-  ina timeout 60 "$X" client va 18813 10.78.1.2:18812 2 "$PINGS" | p50
+  ina timeout 60 "$X" client 10.78.1.1:18813 10.78.1.2:18812 2 "$PINGS" | p50
   wait "$!"
 }
 lat_mr() { # [--xdp]
@@ -77,9 +77,9 @@ bulk_udp() {
 bulk_xdp() {
   local o r s
   o=$(mktemp); r=$(mktemp); s=$(mktemp)
-  inb /usr/bin/time -f "%U %S" -o "$r" "$X" recv vb 18806 "$SECS" >"$o" &
+  inb /usr/bin/time -f "%U %S" -o "$r" "$X" recv 10.78.1.2:18806 "$SECS" >"$o" &
   sleep 0.5
-  ina /usr/bin/time -f "%U %S" -o "$s" "$X" send va 18807 10.78.1.2:18806 "$PAYLOAD" "$SECS"
+  ina /usr/bin/time -f "%U %S" -o "$s" "$X" send 10.78.1.1:18807 10.78.1.2:18806 "$PAYLOAD" "$SECS"
   wait "$!"
   echo "$(python3 -c 'import json,sys; print("%.2f" % json.load(open(sys.argv[1]))["gbps"])' "$o") $(cpu "$s") $(cpu "$r")"
   rm -f "$o" "$r" "$s"
