@@ -87,6 +87,13 @@ impl Hosts {
         h
     }
 
+    /// `metaroce ARGS` in namespace `ns`.
+    fn tool(&self, ns: &str, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", ns, common::bin()]).args(args);
+        c
+    }
+
     fn exec(&self, ns: &str) -> Vec<String> {
         vec!["ip".into(), "netns".into(), "exec".into(), ns.into()]
     }
@@ -197,13 +204,7 @@ impl Hosts {
     }
 
     fn run(&self, test: &str, client_args: &[&str]) -> common::Pair {
-        let sa = self.exec(&self.b);
-        let ca = self.exec(&self.a);
-        let s: Vec<&str> = sa.iter().map(String::as_str).collect();
-        let c: Vec<&str> = ca.iter().map(String::as_str).collect();
-        let mut args = vec!["--json"];
-        args.extend_from_slice(client_args);
-        pair(test, &s, &[], &c, &args, &self.server, &[])
+        self.run_both(test, &[], client_args)
     }
 
     /// As `run`, with options for the server too.
@@ -612,17 +613,8 @@ fn an_unreachable_server_is_named() {
     let _one_at_a_time = serial();
     let h = Hosts::new();
     // Namespace a has no route to 10.99.0.1.
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &h.a,
-            common::bin(),
-            "write-bw",
-            "10.99.0.1",
-            "-p",
-            "18515",
-        ])
+    let out = h
+        .tool(&h.a, &["write-bw", "10.99.0.1", "-p", "18515"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
@@ -671,34 +663,16 @@ fn an_xdp_server_serves_one_client_after_another() {
     let _one_at_a_time = serial();
     let h = Hosts::new();
     let port = common::port().to_string();
-    let mut server = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &h.b,
-            common::bin(),
-            "write-lat",
-            "--xdp",
-            "-p",
-            &port,
-        ])
+    let mut server = h
+        .tool(&h.b, &["write-lat", "--xdp", "-p", &port])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(500));
     for run in 0..4 {
-        let out = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &h.a,
-                common::bin(),
-                "write-lat",
-                &h.server,
-                "-p",
-                &port,
-            ])
+        let out = h
+            .tool(&h.a, &["write-lat", &h.server, "-p", &port])
             .args(["-s", "2", "-n", "500", "--xdp", "--json"])
             .output()
             .unwrap();

@@ -30,6 +30,17 @@ use transport_core::wire::MacAddr;
 
 const BROADCAST: MacAddr = MacAddr([0xff; 6]);
 
+/// Queues `msg` to `peer` from `local`'s port (to the broadcast MAC).
+fn queue(x: &mut Xdp, local: SocketAddrV4, peer: SocketAddrV4, msg: &[u8]) {
+    x.send(
+        BROADCAST,
+        local.port(),
+        peer,
+        &mut std::iter::once(msg),
+        msg.len(),
+    );
+}
+
 fn arg<T: std::str::FromStr>(args: &[String], i: usize, what: &str) -> T {
     args.get(i).and_then(|a| a.parse().ok()).unwrap_or_else(|| {
         eprintln!("{what} expected (see the usage at the top of examples/xdp_probe.rs)");
@@ -57,13 +68,7 @@ fn main() {
                 });
                 let stop = answers.iter().any(|(_, d)| d.len() == 1);
                 for (to, d) in &answers {
-                    x.send(
-                        BROADCAST,
-                        local.port(),
-                        *to,
-                        &mut std::iter::once(&d[..]),
-                        d.len(),
-                    );
+                    queue(&mut x, local, *to, d);
                 }
                 x.kick();
                 if stop {
@@ -80,13 +85,7 @@ fn main() {
             let mut lost = 0u64;
             while samples.len() < iters {
                 let t0 = Instant::now();
-                x.send(
-                    BROADCAST,
-                    local.port(),
-                    peer,
-                    &mut std::iter::once(&msg[..]),
-                    msg.len(),
-                );
+                queue(&mut x, local, peer, &msg);
                 x.kick();
                 let mut spins = 0u32;
                 let answered = loop {
@@ -104,13 +103,7 @@ fn main() {
                     lost += 1;
                 }
             }
-            x.send(
-                BROADCAST,
-                local.port(),
-                peer,
-                &mut std::iter::once(&[0u8][..]),
-                1,
-            );
+            queue(&mut x, local, peer, &[0]);
             x.kick();
             std::thread::sleep(Duration::from_millis(50));
             samples.sort_by(f64::total_cmp);
@@ -164,13 +157,7 @@ fn main() {
             let end = Instant::now() + Duration::from_secs_f64(secs);
             while Instant::now() < end {
                 for _ in 0..64 {
-                    x.send(
-                        BROADCAST,
-                        local.port(),
-                        peer,
-                        &mut std::iter::once(&msg[..]),
-                        msg.len(),
-                    );
+                    queue(&mut x, local, peer, &msg);
                 }
                 x.kick();
             }
