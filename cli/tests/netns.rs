@@ -663,12 +663,13 @@ fn an_xdp_server_serves_one_client_after_another() {
     let _one_at_a_time = serial();
     let h = Hosts::new();
     let port = common::port().to_string();
-    let mut server = h
+    // Killed however the test ends (a failed run must not leave it serving in a deleted namespace).
+    let mut server = BusyLoops(vec![h
         .tool(&h.b, &["write-lat", "--xdp", "-p", &port])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap()]);
     std::thread::sleep(std::time::Duration::from_millis(500));
     for run in 0..4 {
         let out = h
@@ -686,6 +687,7 @@ fn an_xdp_server_serves_one_client_after_another() {
                 .unwrap();
         assert_eq!(j["verified"], true, "run {run}: {j}");
     }
+    let mut server = server.0.pop().unwrap();
     let _ = server.kill();
     let out = server.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -712,7 +714,7 @@ fn an_xdp_end_and_a_socket_end_talk() {
     );
 }
 
-/// Processes that spin on the machine's cores until dropped.
+/// Processes that spin on the machine's cores (or serve) until dropped: killed and reaped then.
 struct BusyLoops(Vec<std::process::Child>);
 
 impl BusyLoops {
