@@ -11,26 +11,30 @@ impl Engine {
     /// Reads what waits on the receive socket and hands it to the connections.
     /// Without batched calls, up to `want` calls of one datagram each, until one finds none.
     pub(super) fn receive(&mut self, now: Instant, want: usize) -> usize {
-        if self.xdp.is_some() {
-            // Arrivals come through the AF_XDP socket's ring (no system call). The UDP socket
-            // still gets what the XDP program leaves to the kernel's stack (fragments, another
-            // interface, this host): read every few rounds, and by `receive_all`.
-            let mut got = self.receive_xdp(want);
-            if self.rounds % XDP_SOCKET_ROUNDS == 0 {
-                got += self.receive_socket(now, want);
-            }
-            return got;
-        }
-        self.receive_socket(now, want)
+        // With the AF_XDP datapath arrivals come through its ring (no system call); the UDP
+        // socket still gets what the XDP program leaves to the kernel's stack (fragments, another
+        // interface, this host): read every few rounds, and by `receive_all`.
+        self.receive_from(now, want, self.rounds % XDP_SOCKET_ROUNDS == 0)
     }
 
     /// As `receive`, reading the UDP socket too with the AF_XDP datapath (after a sleep, which
     /// either may have ended, or a stall).
     pub(super) fn receive_all(&mut self, now: Instant, want: usize) -> usize {
-        if self.xdp.is_some() {
-            return self.receive_xdp(want) + self.receive_socket(now, want);
+        self.receive_from(now, want, true)
+    }
+
+    /// The AF_XDP ring (with the datapath), then the UDP socket: always without the datapath,
+    /// with it when `socket` says so.
+    fn receive_from(&mut self, now: Instant, want: usize, socket: bool) -> usize {
+        if self.xdp.is_none() {
+            return self.receive_socket(now, want);
         }
-        self.receive_socket(now, want)
+        let got = self.receive_xdp(want);
+        if socket {
+            got + self.receive_socket(now, want)
+        } else {
+            got
+        }
     }
 
     /// Reads what waits on the UDP socket and hands it to the connections.
