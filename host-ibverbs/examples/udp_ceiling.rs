@@ -28,6 +28,7 @@ fn opts(gro: bool) -> SocketOptions {
         rcvbuf: 8 << 20,
         sndbuf: 8 << 20,
         gro,
+        arrival_times: true,
         busy_poll_us: 0,
         dscp: 0,
         priority: 0,

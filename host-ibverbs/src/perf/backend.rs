@@ -676,6 +676,30 @@ mod tests {
         }
     }
 
+    /// A latency test's spinning ends leave GRO and the kernel's arrival times off; one that
+    /// sleeps (-e) and every bandwidth test keep both, and `--no-gro` still turns GRO off.
+    #[test]
+    fn spinning_latency_ends_ask_for_neither_gro_nor_arrival_times() {
+        use super::super::Test;
+        let ip = IpAddr::from([127, 0, 0, 1]);
+        for (test, use_event, gro, want) in [
+            (Test::WriteLat, false, true, (false, false)),
+            (Test::ReadLat, false, true, (false, false)),
+            (Test::SendLat, false, true, (false, false)),
+            (Test::AtomicLat, false, true, (false, false)),
+            (Test::WriteLat, true, true, (true, true)),
+            (Test::WriteBw, false, true, (true, true)),
+            (Test::ReadBw, true, true, (true, true)),
+            (Test::WriteBw, false, false, (false, true)),
+        ] {
+            let mut cfg = PerfConfig::new(test);
+            cfg.use_event = use_event;
+            cfg.gro = gro;
+            let dc = device_config(&cfg, ip);
+            assert_eq!((dc.gro, dc.arrival_times), want, "{test:?} -e {use_event}");
+        }
+    }
+
     #[test]
     fn transports_are_named_both_ways() {
         for t in [Transport::Udp, Transport::Verbs] {

@@ -18,6 +18,7 @@
 
 pub mod crc_engine;
 mod engine;
+pub(crate) use engine::HashMap as FastMap;
 mod error;
 pub mod share_table;
 pub mod socket;
@@ -63,6 +64,14 @@ pub struct DeviceConfig {
     pub gso: bool,
     /// Let the kernel coalesce arrivals (UDP GRO).
     pub gro: bool,
+    /// Ask the kernel for each datagram's arrival time (`SO_TIMESTAMPNS`): the time a datagram
+    /// waited in the socket while this end slept, or was descheduled, then counts in no RTT
+    /// sample and no ACK delay. Without it an arrival is dated when it is read, which an end
+    /// that only spins (a latency test) does within a round of its loop; after a stall of the
+    /// host such a date is late, so an RTT sample comes out long (never short: no spurious
+    /// timeout from it). The kernel dates every datagram of the host while any socket asks
+    /// (about 0.1 us a hop on loopback, docs/BENCHMARKS.md).
+    pub arrival_times: bool,
     /// Copy every payload next to its headers before the send call; off (the default), a
     /// payload of 512 bytes or more is read by the send call where it lies in its region (one
     /// copy, the kernel's, instead of two). A capture (`pcap`) copies always.
@@ -94,8 +103,8 @@ pub struct DeviceConfig {
 }
 
 impl DeviceConfig {
-    /// Defaults: port 4791, GSO, GRO and batched calls on, 8 MiB socket buffers, no busy
-    /// polling, no capture.
+    /// Defaults: port 4791, GSO, GRO, arrival times and batched calls on, 8 MiB socket
+    /// buffers, no busy polling, no capture.
     pub fn new(local_ip: IpAddr) -> DeviceConfig {
         DeviceConfig {
             local_ip,
@@ -103,6 +112,7 @@ impl DeviceConfig {
             busy_poll: false,
             gso: true,
             gro: true,
+            arrival_times: true,
             copy_send: false,
             batch: true,
             socket_buffer: 8 << 20,
@@ -315,6 +325,7 @@ impl Context {
             rcvbuf: cfg.socket_buffer,
             sndbuf: cfg.socket_buffer,
             gro: cfg.gro,
+            arrival_times: cfg.arrival_times,
             busy_poll_us: if cfg.busy_poll { 50 } else { 0 },
             dscp: cfg.traffic_class >> 2,
             priority: cfg.priority,

@@ -48,6 +48,9 @@ pub struct SocketOptions {
     pub sndbuf: usize,
     /// Ask the kernel to coalesce arriving datagrams (UDP GRO).
     pub gro: bool,
+    /// Ask the kernel for each datagram's arrival time (`SO_TIMESTAMPNS`), reported in
+    /// [`RecvMeta::arrived_realtime`].
+    pub arrival_times: bool,
     /// Microseconds of busy polling in the kernel on blocking receives (0: off).
     pub busy_poll_us: u32,
     /// The DSCP of what is sent (the traffic class's upper six bits; the ECN bits are always
@@ -380,7 +383,9 @@ impl UdpSocket {
         let gro = opts.gro && set_opt(raw, SOL_UDP, UDP_GRO, 1).is_ok();
         // The kernel's arrival time of each datagram (best effort): the time a datagram waited
         // in the socket for this host's CPU is then not counted in RTTs and ACK delays.
-        let _ = set_opt(raw, libc::SOL_SOCKET, SO_TIMESTAMPNS_OLD, 1);
+        if opts.arrival_times {
+            let _ = set_opt(raw, libc::SOL_SOCKET, SO_TIMESTAMPNS_OLD, 1);
+        }
         let (storage, len) = to_raw(&addr);
         // SAFETY: `storage` holds a valid socket address of `len` bytes.
         cvt(unsafe { libc::bind(raw, (&storage as *const libc::sockaddr_storage).cast(), len) })?;
@@ -729,6 +734,7 @@ mod tests {
             rcvbuf: 1 << 20,
             sndbuf: 1 << 20,
             gro: true,
+            arrival_times: true,
             busy_poll_us: 0,
             dscp: 0,
             priority: 0,
@@ -834,6 +840,28 @@ mod tests {
         assert!(second - first >= 25_000_000, "{got:?}");
         assert!(first - before < 25_000_000, "{got:?}");
         assert!(read_at - second >= 25_000_000, "{got:?}");
+    }
+
+    /// Without arrival times a socket's datagrams carry no date (the engine dates them when it
+    /// reads them), although another socket of the host asks for them.
+    #[test]
+    #[cfg_attr(
+        target_arch = "aarch64",
+        ignore = "qemu-user drops SCM_TIMESTAMPNS, so no date proves nothing there"
+    )]
+    fn a_socket_without_arrival_times_gets_no_date() {
+        let dated = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &opts()).unwrap();
+        let o = SocketOptions {
+            arrival_times: false,
+            ..opts()
+        };
+        let b = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &o).unwrap();
+        for _ in 0..3 {
+            dated.send(&b.local_addr(), b"undated", 0).unwrap();
+        }
+        let got = recv_all(&b);
+        assert_eq!(got.len(), 3);
+        assert!(got.iter().all(|(_, m)| m.arrived_realtime == 0), "{got:?}");
     }
 
     #[test]

@@ -35,17 +35,20 @@ pub(super) fn decode_qps(s: &str) -> Result<Vec<PeerQp>, OobError> {
         .collect()
 }
 
-pub(super) fn open_udp(
-    cfg: &PerfConfig,
-    local_ip: IpAddr,
-    fallback_port: bool,
-) -> Result<Endpoint, PerfError> {
+/// The UDP device a test's end opens on `local_ip`.
+pub(crate) fn device_config(cfg: &PerfConfig, local_ip: IpAddr) -> udp::DeviceConfig {
     let mut dc = udp::DeviceConfig::new(local_ip);
     dc.port = cfg.data_port;
     dc.busy_poll = cfg.busy_poll;
     dc.gso = cfg.gso;
     dc.copy_send = cfg.copy_send;
-    dc.gro = cfg.gro;
+    // A latency test's ends spin (unless -e): each datagram is read within a round of its
+    // arrival, so neither the kernel's arrival time nor GRO (a ping has nothing to coalesce)
+    // buys anything there, and the two cost about 0.1 us a hop each on loopback
+    // (docs/BENCHMARKS.md).
+    let spins = cfg.test.is_latency() && !cfg.use_event;
+    dc.gro = cfg.gro && !spins;
+    dc.arrival_times = !spins;
     dc.xdp = cfg.xdp;
     dc.batch = cfg.batch;
     dc.pcap = cfg.pcap.clone();
@@ -53,6 +56,15 @@ pub(super) fn open_udp(
     dc.share_table = cfg.share_table.clone();
     dc.traffic_class = cfg.tclass;
     dc.priority = cfg.sl;
+    dc
+}
+
+pub(super) fn open_udp(
+    cfg: &PerfConfig,
+    local_ip: IpAddr,
+    fallback_port: bool,
+) -> Result<Endpoint, PerfError> {
+    let mut dc = device_config(cfg, local_ip);
     let ctx = match udp::Context::open(&dc) {
         Ok(c) => c,
         Err(e)

@@ -84,8 +84,10 @@ pub(super) fn tx_socket<'a>(
     dst: SocketAddr,
 ) -> &'a TxSocket {
     tx.entry(src_port).or_insert_with(|| {
+        // Send-only: nothing arrives on it for the engine to date or coalesce.
         let opts = SocketOptions {
             gro: false,
+            arrival_times: false,
             ..*opts
         };
         let bind = |port| {
