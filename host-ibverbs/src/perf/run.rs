@@ -291,12 +291,13 @@ impl Drop for Publisher {
 /// The data each slot of each connection must hold, from one seed: the first slots' drawn once
 /// and kept (up to [`EXPECTED_BYTES`], what a timed run cycles through), so that a check of a
 /// slot used again compares memory instead of drawing the pattern again (two multiplies per 8
-/// bytes: a third of the server's time in send-bw); beyond that, drawn for each check.
+/// bytes: a third of the server's time in send-bw); beyond that, drawn for each check. Messages
+/// of [`DRAWN_BYTES`] or less are drawn for each check: a word or eight cost less than a lookup
+/// in a table of thousands of slots (a latency test's), and nothing is allocated per message.
 pub(super) struct Expected {
     seed: u64,
     size: usize,
-    /// By connection and slot; looked up on every answer of a latency test, with the engine's
-    /// hasher rather than SipHash.
+    /// By connection and slot, with the engine's hasher rather than SipHash.
     made: crate::udp::FastMap<(usize, usize), Box<[u8]>>,
     /// Bytes that may still be kept.
     room: usize,
@@ -307,6 +308,9 @@ pub(super) struct Expected {
 /// 1 MiB: more than a timed run cycles through ([`super::CYCLE_BYTES`]), so that runs of
 /// large messages or many connections, which keep one message each, still compare memory.
 const EXPECTED_BYTES: usize = 1 << 20;
+
+/// Messages up to this size are drawn for each check, never kept.
+const DRAWN_BYTES: usize = 64;
 
 impl Expected {
     pub(super) fn new(seed: u64, size: usize) -> Self {
@@ -322,7 +326,7 @@ impl Expected {
     /// The pattern of connection `q`'s slot `slot`.
     pub(super) fn of(&mut self, q: usize, slot: usize) -> &[u8] {
         let (seed, size) = (self.seed, self.size);
-        if !self.made.contains_key(&(q, slot)) && self.room < size {
+        if size <= DRAWN_BYTES || (!self.made.contains_key(&(q, slot)) && self.room < size) {
             self.scratch.resize(size, 0);
             pattern(&mut self.scratch, seed, q, slot);
             return &self.scratch;

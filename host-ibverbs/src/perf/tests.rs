@@ -447,6 +447,26 @@ fn the_verbs_backend_names_what_is_missing() {
     }
 }
 
+/// What a check compares against is the pattern of that connection and slot, asked once or
+/// again, for messages that are drawn each time (a latency test's few bytes) and for those kept.
+#[test]
+fn the_expected_bytes_are_each_slots_pattern_drawn_or_kept() {
+    for size in [1, 2, 8, 63, 64, 65, 4096] {
+        let mut e = run::Expected::new(7, size);
+        for round in 0..2 {
+            for (q, slot) in [(0, 0), (0, 1), (1, 0), (0, 4999), (3, 17)] {
+                let mut want = vec![0u8; size];
+                pattern(&mut want, 7, q, slot);
+                assert_eq!(
+                    e.of(q, slot),
+                    &want[..],
+                    "size {size} round {round} {q}:{slot}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn patterns_differ_by_connection_and_slot() {
     let mut a = [0u8; 64];
