@@ -410,18 +410,6 @@ impl Endpoint {
     }
 
     /// Lets the transport work for up to `wait` (the NIC needs nothing: a short sleep).
-    /// Sends what was just posted at once (the UDP engine otherwise sends it at the next poll;
-    /// a NIC's doorbell already has).
-    pub fn send_posted(&self) {
-        match &self.be {
-            Be::Udp(u) => {
-                u.ctx.send_posted();
-            }
-            #[cfg(feature = "verbs")]
-            Be::Verbs(_) => {}
-        }
-    }
-
     pub fn progress(&self, wait: Duration) {
         match &self.be {
             Be::Udp(u) => {

@@ -387,19 +387,6 @@ impl Engine {
         busy
     }
 
-    /// Sends what the posts since the last round queued (and what the last arrivals call for)
-    /// now, as a NIC's doorbell would, rather than at the next round; whether it sent anything.
-    /// Nothing is read and no timer is looked at.
-    pub fn send_posted(&mut self) -> bool {
-        if !self.dirty {
-            return false;
-        }
-        let now = self.stamp();
-        self.dirty = false;
-        self.deadline_stale = true;
-        self.transmit(now)
-    }
-
     /// Sleeps until a datagram waits on the UDP socket or the AF_XDP socket, or `timeout_ns`
     /// passes; whether one waits.
     fn wait_readable(&self, timeout_ns: u64) -> bool {

@@ -467,12 +467,6 @@ impl Context {
         self.with(|e| e.progress(wait))
     }
 
-    /// Sends what was posted since the engine last ran, now (a doorbell: otherwise it goes at
-    /// the next [`Context::progress`] or poll); whether anything was sent.
-    pub fn send_posted(&self) -> bool {
-        self.with(|e| e.send_posted())
-    }
-
     /// Device-wide counters.
     pub fn counters(&self) -> stats::EngineCounters {
         self.with(|e| e.device_counters())

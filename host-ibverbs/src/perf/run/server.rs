@@ -163,7 +163,6 @@ pub(in crate::perf) fn server_phase(
                     };
                     let id = wr_id(i, 1 << 40 | n);
                     post_one(ep, i, id, op, &bufs.src[i], slot * size, size, remote)?;
-                    ep.send_posted();
                     let good = if cfg.test == Test::WriteLat {
                         wc.imm == Some(n as u32)
                             && matches(&bufs.dst[i], slot * size, &mut expected, i, slot)
