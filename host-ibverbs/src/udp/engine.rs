@@ -308,24 +308,16 @@ impl Engine {
         if self.fair.is_some() && now >= self.share_at {
             self.share(now);
         }
-        // What a post or the last arrivals call for goes out before the timers are looked at:
-        // in a ping-pong the answer waits for nothing else, and the deadline (which the last
-        // round made stale) is worked out after its send call. A fired timer sends again.
-        let mut busy = false;
-        let posted = self.dirty;
-        if posted {
-            self.dirty = false;
-            busy |= self.transmit(now);
-        }
         if self.deadline_stale {
             self.refresh_deadline();
         }
         let fired = now >= self.deadline && self.run_timers(now);
-        busy |= fired;
-        if fired || (!posted && self.rounds % 256 == 0) {
+        let full = fired || self.dirty || self.rounds % 256 == 0;
+        let mut busy = fired;
+        if full {
+            self.dirty = false;
             busy |= self.transmit(now);
         }
-        let full = fired || posted || self.rounds % 256 == 0;
         if let Some(x) = self.xdp.as_mut().filter(|x| x.unsent()) {
             // Frames the last kick left in the TX ring (the kernel takes a batch a call).
             x.kick();
