@@ -305,11 +305,11 @@ impl Engine {
         }
         self.expected_at = now;
         self.clock_floor = self.clock_floor.max(now);
-        if self.fair.is_some() && now >= self.share_at {
-            self.share(now);
-        }
         if self.deadline_stale {
             self.refresh_deadline();
+        }
+        if self.fair.is_some() && now >= self.share_at {
+            self.share(now);
         }
         let fired = now >= self.deadline && self.run_timers(now);
         let full = fired || self.dirty || self.rounds % 256 == 0;
