@@ -90,10 +90,11 @@ impl Engine {
         // after the call: an ACK read with the round's start time would shorten its RTT sample
         // by the round's transmissions (and a data packet's time would lengthen the ACK delay
         // its receiver reports, shortening the sender's sample again).
-        let (now, real) = if n > 0 {
-            (self.now(), crate::udp::socket::realtime_ns())
-        } else {
-            (now, 0)
+        let (now, real) = match n {
+            0 => (now, 0),
+            _ if self.opts.arrival_times => (self.now(), crate::udp::socket::realtime_ns()),
+            // Nothing is dated by the kernel: no second clock to read.
+            _ => (self.now(), 0),
         };
         for i in 0..n {
             let (data, meta) = batch.get(i);
