@@ -188,9 +188,9 @@ pub struct PerfArgs {
     /// a payload of 512 bytes or more is read by the kernel where it lies in its region).
     #[arg(long)]
     pub copy_send: bool,
-    /// UDP transport: no UDP GRO (the kernel hands over datagrams one by one). Latency tests
-    /// never use it unless they sleep (-e): their spinning ends also leave the kernel's arrival
-    /// time off, reading each datagram as it comes.
+    /// UDP transport: no UDP GRO (the kernel hands over datagrams one by one). A latency test
+    /// that spins (without -e) leaves it off anyway for messages of one packet, and leaves the
+    /// kernel's arrival times off for all: it reads each datagram as it comes.
     #[arg(long)]
     pub no_gro: bool,
     /// UDP transport: send and receive through an AF_XDP socket on the interface of the local

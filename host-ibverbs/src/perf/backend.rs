@@ -118,6 +118,8 @@ struct UdpEp {
     wait: Wait,
     /// Since when polls have found nothing to do (adaptive waiting).
     idle_since: std::cell::Cell<Option<std::time::Instant>>,
+    /// Payload bytes per packet.
+    payload: u32,
 }
 
 /// What an empty poll of the UDP transport does.
@@ -410,6 +412,28 @@ impl Endpoint {
     }
 
     /// Lets the transport work for up to `wait` (the NIC needs nothing: a short sleep).
+    /// Before a phase of `size`-byte messages: UDP GRO as the phase wants it
+    /// ([`open::phase_gro`]).
+    pub fn prepare_phase(&self, cfg: &PerfConfig, size: usize) {
+        match &self.be {
+            Be::Udp(u) => {
+                u.ctx.set_gro(phase_gro(cfg, size, u.payload));
+            }
+            #[cfg(feature = "verbs")]
+            Be::Verbs(_) => {}
+        }
+    }
+
+    /// Whether the UDP transport's receive socket coalesces arrivals now (false on verbs).
+    #[cfg(test)]
+    pub fn gro(&self) -> bool {
+        match &self.be {
+            Be::Udp(u) => u.ctx.gro(),
+            #[cfg(feature = "verbs")]
+            Be::Verbs(_) => false,
+        }
+    }
+
     pub fn progress(&self, wait: Duration) {
         match &self.be {
             Be::Udp(u) => {
@@ -676,10 +700,10 @@ mod tests {
         }
     }
 
-    /// A latency test's spinning ends leave GRO and the kernel's arrival times off; one that
-    /// sleeps (-e) and every bandwidth test keep both, and `--no-gro` still turns GRO off.
+    /// A latency test's spinning ends open without GRO and the kernel's arrival times; one that
+    /// sleeps (-e) and every bandwidth test keep both, and `--no-gro` turns GRO off.
     #[test]
-    fn spinning_latency_ends_ask_for_neither_gro_nor_arrival_times() {
+    fn spinning_latency_ends_open_without_gro_and_arrival_times() {
         use super::super::Test;
         let ip = IpAddr::from([127, 0, 0, 1]);
         for (test, use_event, gro, want) in [
@@ -697,6 +721,37 @@ mod tests {
             cfg.gro = gro;
             let dc = device_config(&cfg, ip);
             assert_eq!((dc.gro, dc.arrival_times), want, "{test:?} -e {use_event}");
+        }
+    }
+
+    /// Each phase sets GRO on the device's receive socket: off for a spinning latency test's
+    /// messages of one packet, on for longer ones and for every other test, never on against
+    /// `--no-gro`.
+    #[test]
+    fn a_phase_sets_gro_by_its_message_size() {
+        use super::super::Test;
+        let ip = IpAddr::from([127, 0, 0, 1]);
+        for (test, use_event, gro, size, want) in [
+            (Test::WriteLat, false, true, 2, false),
+            (Test::WriteLat, false, true, 1 << 20, true),
+            (Test::WriteLat, false, true, 2, false),
+            (Test::ReadLat, false, true, 64, false),
+            (Test::WriteLat, true, true, 2, true),
+            (Test::WriteBw, false, true, 2, true),
+            (Test::WriteLat, false, false, 1 << 20, false),
+            (Test::WriteBw, false, false, 65536, false),
+        ] {
+            let mut cfg = PerfConfig::new(test);
+            cfg.data_port = 0;
+            cfg.use_event = use_event;
+            cfg.gro = gro;
+            let ep = Endpoint::open(&cfg, ip, false).unwrap();
+            ep.prepare_phase(&cfg, size);
+            assert_eq!(
+                ep.gro(),
+                want,
+                "{test:?} -e {use_event} gro {gro} size {size}"
+            );
         }
     }
 

@@ -515,6 +515,7 @@ pub(super) fn client_phase(
 ) -> Result<Report, PerfError> {
     let slots = slots_for(size, cfg.iters, cfg.qps, cfg.duration.is_some());
     check_memory(cfg, ep.len(), slots, size)?;
+    ep.prepare_phase(cfg, size);
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)

@@ -251,6 +251,18 @@ impl Engine {
         }
     }
 
+    /// UDP GRO on the receive socket on or off from now on.
+    pub fn set_gro(&mut self, on: bool) {
+        if self.rx.gro() != on && self.rx.set_gro(on).is_err() {
+            self.counters.rx_errors += 1;
+        }
+    }
+
+    /// Whether the receive socket has UDP GRO on.
+    pub fn gro(&self) -> bool {
+        self.rx.gro()
+    }
+
     /// The device-wide counters, the AF_XDP datapath's included.
     pub fn device_counters(&self) -> EngineCounters {
         let mut c = self.counters;

@@ -436,6 +436,13 @@ impl UdpSocket {
         self.gro
     }
 
+    /// Turns UDP GRO on or off for what arrives from now on.
+    pub fn set_gro(&mut self, on: bool) -> io::Result<()> {
+        set_opt(self.fd.as_raw_fd(), SOL_UDP, UDP_GRO, i32::from(on))?;
+        self.gro = on;
+        Ok(())
+    }
+
     /// Sends `buf` to `dst` as one datagram, or, with `segment` > 0 and `buf` longer than it, as
     /// datagrams of `segment` bytes (the last may be shorter) in one call (UDP GSO).
     pub fn send(&self, dst: &SocketAddr, buf: &[u8], segment: usize) -> io::Result<usize> {
@@ -939,6 +946,27 @@ mod tests {
                 b"three".to_vec()
             ]
         );
+    }
+
+    /// GRO turned off on a socket that had it: a GSO burst arrives datagram by datagram; on
+    /// again, coalesced.
+    #[test]
+    fn gro_turns_off_and_on() {
+        let a = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &opts()).unwrap();
+        let mut b = UdpSocket::bind("127.0.0.1:0".parse().unwrap(), &opts()).unwrap();
+        let buf = vec![7u8; 1200 * 4];
+        for on in [false, true, false] {
+            b.set_gro(on).unwrap();
+            assert_eq!(b.gro(), on);
+            a.send(&b.local_addr(), &buf, 1200).unwrap();
+            let got = recv_all(&b);
+            assert_eq!(got.iter().map(|g| g.0.len()).sum::<usize>(), buf.len());
+            if on {
+                assert!(got.iter().any(|g| g.0.len() > 1200), "GRO on: {got:?}");
+            } else {
+                assert!(got.iter().all(|g| g.0.len() == 1200 && g.1.segment == 0));
+            }
+        }
     }
 
     #[test]

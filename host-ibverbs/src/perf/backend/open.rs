@@ -35,6 +35,19 @@ pub(super) fn decode_qps(s: &str) -> Result<Vec<PeerQp>, OobError> {
         .collect()
 }
 
+/// Whether this end runs a latency test spinning (not `-e`).
+pub(crate) fn spinning_latency(cfg: &PerfConfig) -> bool {
+    cfg.test.is_latency() && !cfg.use_event
+}
+
+/// Whether a phase of `size`-byte messages coalesces arrivals (UDP GRO) where the device has
+/// it: always, but in a spinning latency test only when a message takes more than one packet
+/// of `payload` bytes (a ping has nothing to coalesce, and GRO costs it about 0.1 us a hop on
+/// loopback; a message of many packets arrives in one receive call with it, in many without).
+pub(crate) fn phase_gro(cfg: &PerfConfig, size: usize, payload: u32) -> bool {
+    cfg.gro && (!spinning_latency(cfg) || size > payload as usize)
+}
+
 /// The UDP device a test's end opens on `local_ip`.
 pub(crate) fn device_config(cfg: &PerfConfig, local_ip: IpAddr) -> udp::DeviceConfig {
     let mut dc = udp::DeviceConfig::new(local_ip);
@@ -43,12 +56,11 @@ pub(crate) fn device_config(cfg: &PerfConfig, local_ip: IpAddr) -> udp::DeviceCo
     dc.gso = cfg.gso;
     dc.copy_send = cfg.copy_send;
     // A latency test's ends spin (unless -e): each datagram is read within a round of its
-    // arrival, so neither the kernel's arrival time nor GRO (a ping has nothing to coalesce)
-    // buys anything there, and the two cost about 0.1 us a hop each on loopback
-    // (docs/BENCHMARKS.md).
-    let spins = cfg.test.is_latency() && !cfg.use_event;
-    dc.gro = cfg.gro && !spins;
-    dc.arrival_times = !spins;
+    // arrival, so the kernel's arrival time buys nothing there, and it costs about 0.1 us a hop
+    // on loopback (docs/BENCHMARKS.md); so does GRO for a ping, which such a device starts
+    // without (a phase of longer messages turns it on: `Endpoint::prepare_phase`).
+    dc.gro = cfg.gro && !spinning_latency(cfg);
+    dc.arrival_times = !spinning_latency(cfg);
     dc.xdp = cfg.xdp;
     dc.batch = cfg.batch;
     dc.pcap = cfg.pcap.clone();
@@ -123,6 +135,7 @@ pub(super) fn open_udp(
                 Wait::Adaptive
             },
             idle_since: std::cell::Cell::new(None),
+            payload: mtu,
         }),
     })
 }

@@ -36,6 +36,7 @@ pub(in crate::perf) fn server_phase(
         )));
     }
     check_memory(cfg, q, slots, size)?;
+    ep.prepare_phase(cfg, size);
     let client_dst = decode_bufs(go.text("dst")?)?;
     let need = (slots * size) as u64;
     if client_dst.len() != q || client_dst.iter().any(|b| b.len < need) {
