@@ -411,7 +411,6 @@ impl Endpoint {
         }
     }
 
-    /// Lets the transport work for up to `wait` (the NIC needs nothing: a short sleep).
     /// Before a phase of `size`-byte messages: UDP GRO as the phase wants it
     /// ([`open::phase_gro`]).
     pub fn prepare_phase(&self, cfg: &PerfConfig, size: usize) {
@@ -434,6 +433,7 @@ impl Endpoint {
         }
     }
 
+    /// Lets the transport work for up to `wait` (the NIC needs nothing: a short sleep).
     pub fn progress(&self, wait: Duration) {
         match &self.be {
             Be::Udp(u) => {
@@ -726,32 +726,43 @@ mod tests {
 
     /// Each phase sets GRO on the device's receive socket: off for a spinning latency test's
     /// messages of one packet, on for longer ones and for every other test, never on against
-    /// `--no-gro`.
+    /// `--no-gro`; phase after phase on one device (as `-a` runs them).
     #[test]
     fn a_phase_sets_gro_by_its_message_size() {
         use super::super::Test;
         let ip = IpAddr::from([127, 0, 0, 1]);
-        for (test, use_event, gro, size, want) in [
-            (Test::WriteLat, false, true, 2, false),
-            (Test::WriteLat, false, true, 1 << 20, true),
-            (Test::WriteLat, false, true, 2, false),
-            (Test::ReadLat, false, true, 64, false),
-            (Test::WriteLat, true, true, 2, true),
-            (Test::WriteBw, false, true, 2, true),
-            (Test::WriteLat, false, false, 1 << 20, false),
-            (Test::WriteBw, false, false, 65536, false),
+        let big = 1 << 20;
+        for (test, use_event, gro, phases) in [
+            (
+                Test::WriteLat,
+                false,
+                true,
+                &[(2, false), (big, true), (2, false)][..],
+            ),
+            (Test::ReadLat, false, true, &[(64, false), (big, true)][..]),
+            (Test::WriteLat, true, true, &[(2, true), (big, true)][..]),
+            (Test::WriteBw, false, true, &[(2, true), (big, true)][..]),
+            (
+                Test::WriteLat,
+                false,
+                false,
+                &[(big, false), (2, false)][..],
+            ),
+            (Test::WriteBw, false, false, &[(65536, false)][..]),
         ] {
             let mut cfg = PerfConfig::new(test);
             cfg.data_port = 0;
             cfg.use_event = use_event;
             cfg.gro = gro;
             let ep = Endpoint::open(&cfg, ip, false).unwrap();
-            ep.prepare_phase(&cfg, size);
-            assert_eq!(
-                ep.gro(),
-                want,
-                "{test:?} -e {use_event} gro {gro} size {size}"
-            );
+            for &(size, want) in phases {
+                ep.prepare_phase(&cfg, size);
+                assert_eq!(
+                    ep.gro(),
+                    want,
+                    "{test:?} -e {use_event} gro {gro} size {size}"
+                );
+            }
         }
     }
 
