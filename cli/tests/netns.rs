@@ -436,6 +436,19 @@ fn four_clients_share_an_ecn_marked_bottleneck() {
             .collect();
         let pairs: Vec<common::Pair> = runs.into_iter().map(|t| t.join().unwrap()).collect();
         let mut gbps = Vec::new();
+        for p in &pairs {
+            assert_success(p);
+            let r = &p.client_json()[0];
+            assert_eq!(r["verified"], true, "{cc}: {r}");
+            assert_eq!(p.server_json()["verified"], true, "{cc}");
+            // Every byte placed once: the server placed exactly what the client's writes hold.
+            assert_eq!(
+                Some(server_counter(p, "rx_bytes_placed")),
+                r["total_bytes"].as_u64(),
+                "{cc}"
+            );
+            gbps.push(r["bw_avg_gbps"].as_f64().unwrap());
+        }
         // What each client saw, for a failure's message: a share that lags with timeouts or
         // path failures is a stalled host; one that lags with only cuts is the controller.
         let seen: Vec<String> = pairs
@@ -457,19 +470,6 @@ fn four_clients_share_an_ecn_marked_bottleneck() {
                 )
             })
             .collect();
-        for p in &pairs {
-            assert_success(p);
-            let r = &p.client_json()[0];
-            assert_eq!(r["verified"], true, "{cc}: {r}");
-            assert_eq!(p.server_json()["verified"], true, "{cc}");
-            // Every byte placed once: the server placed exactly what the client's writes hold.
-            assert_eq!(
-                Some(server_counter(p, "rx_bytes_placed")),
-                r["total_bytes"].as_u64(),
-                "{cc}"
-            );
-            gbps.push(r["bw_avg_gbps"].as_f64().unwrap());
-        }
         let mean = gbps.iter().sum::<f64>() / 4.0;
 
         assert!(

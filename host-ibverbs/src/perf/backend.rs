@@ -411,12 +411,14 @@ impl Endpoint {
         }
     }
 
-    /// Before a phase of `size`-byte messages: UDP GRO as the phase wants it
-    /// ([`open::phase_gro`]).
+    /// Before a phase of `size`-byte messages: UDP GRO on if the phase wants it
+    /// ([`open::phase_gro`]; once on, it stays on for the later phases).
     pub fn prepare_phase(&self, cfg: &PerfConfig, size: usize) {
         match &self.be {
             Be::Udp(u) => {
-                u.ctx.set_gro(phase_gro(cfg, size, u.payload));
+                if phase_gro(cfg, size, u.payload) {
+                    u.ctx.enable_gro();
+                }
             }
             #[cfg(feature = "verbs")]
             Be::Verbs(_) => {}
@@ -724,9 +726,10 @@ mod tests {
         }
     }
 
-    /// Each phase sets GRO on the device's receive socket: off for a spinning latency test's
-    /// messages of one packet, on for longer ones and for every other test, never on against
-    /// `--no-gro`; phase after phase on one device (as `-a` runs them).
+    /// A phase turns GRO on the device's receive socket on for a spinning latency test's
+    /// messages longer than a packet, and it stays on (what it coalesced may still be queued);
+    /// every other test has it from the start; never on against `--no-gro`. Phase after phase
+    /// on one device, as `-a` runs them.
     #[test]
     fn a_phase_sets_gro_by_its_message_size() {
         use super::super::Test;
@@ -737,7 +740,7 @@ mod tests {
                 Test::WriteLat,
                 false,
                 true,
-                &[(2, false), (big, true), (2, false)][..],
+                &[(2, false), (2, false), (big, true), (2, true)][..],
             ),
             (Test::ReadLat, false, true, &[(64, false), (big, true)][..]),
             (Test::WriteLat, true, true, &[(2, true), (big, true)][..]),

@@ -196,6 +196,8 @@ pub(crate) struct Engine {
     pub share_table: Option<crate::udp::share_table::ShareTable>,
     /// When the fair shares are next computed.
     share_at: Instant,
+    /// The kernel refused UDP GRO when `enable_gro` asked: not asked again.
+    gro_refused: bool,
     /// The AF_XDP datapath, when the device has one (`DeviceConfig::xdp`): datagrams leave and
     /// arrive through it, and through the UDP socket only where it cannot take them.
     pub xdp: Option<Box<super::xdp::Xdp>>,
@@ -247,14 +249,17 @@ impl Engine {
             fair: None,
             share_table: None,
             share_at: Instant::ZERO,
+            gro_refused: false,
             xdp: None,
         }
     }
 
-    /// UDP GRO on the receive socket on or off from now on.
-    pub fn set_gro(&mut self, on: bool) {
-        if self.rx.gro() != on && self.rx.set_gro(on).is_err() {
-            self.counters.rx_errors += 1;
+    /// UDP GRO on the receive socket from now on, and for good: what it coalesced may still
+    /// wait in the socket, and read without GRO such a datagram would lose its segment size.
+    /// A kernel that refuses it is asked once.
+    pub fn enable_gro(&mut self) {
+        if !self.rx.gro() && !self.gro_refused {
+            self.gro_refused = self.rx.set_gro(true).is_err();
         }
     }
 

@@ -467,13 +467,13 @@ impl Context {
         self.with(|e| e.progress(wait))
     }
 
-    /// Lets the kernel coalesce arrivals (UDP GRO) from now on, or not: GRO saves a receive call
-    /// per datagram of a message that takes several, and costs a ping that takes one about 0.1
-    /// us a hop on loopback. (Once on, the kernel keeps a host-wide switch of its UDP receive
-    /// path on for as long as the socket lives: a device for pings is best opened without it,
-    /// [`DeviceConfig::gro`].)
-    pub fn set_gro(&self, on: bool) {
-        self.with(|e| e.set_gro(on))
+    /// Lets the kernel coalesce arrivals (UDP GRO) from now on, on a device opened without it:
+    /// GRO saves a receive call per datagram of a message that takes several, and costs a ping
+    /// that takes one about 0.1 us a hop on loopback. It stays on: datagrams it coalesced may
+    /// still wait in the socket (and the kernel keeps a host-wide switch of its UDP receive path
+    /// on for as long as the socket lives). A kernel that refuses it is asked once.
+    pub fn enable_gro(&self) {
+        self.with(|e| e.enable_gro())
     }
 
     /// Whether the kernel coalesces arrivals (UDP GRO) now.

@@ -436,7 +436,8 @@ impl UdpSocket {
         self.gro
     }
 
-    /// Turns UDP GRO on or off for what arrives from now on.
+    /// Turns UDP GRO on or off for what arrives from now on. Off only on a socket with nothing
+    /// queued: a datagram GRO coalesced, read after, comes without its segment size.
     pub fn set_gro(&mut self, on: bool) -> io::Result<()> {
         set_opt(self.fd.as_raw_fd(), SOL_UDP, UDP_GRO, i32::from(on))?;
         self.gro = on;
@@ -605,7 +606,8 @@ impl UdpSocket {
         Ok(sent as usize)
     }
 
-    // The datapath's send and receive calls (here, `send_many` and `send_many_pieces`) go
+    // The datapath's send and receive calls (`recv_batch` here, `send_many` and
+    // `send_many_pieces` above, the AF_XDP kick in `xdp.rs`) go
     // through syscall(2), not glibc's wrappers: those are cancellation points, which in a
     // process with a second thread (the tools' heartbeat and statistics writer) wrap every call
     // in two atomic updates of the thread's cancellation state (3-6% of a spinning latency

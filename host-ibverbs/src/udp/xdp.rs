@@ -908,15 +908,17 @@ impl Xdp {
             }
             let before = self.tx.consumer().load(Ordering::Acquire);
             self.counters.tx_kicks += 1;
+            // (syscall(2), not glibc's cancellable wrapper: see `UdpSocket::recv_batch`.)
             // SAFETY: a send of nothing on this socket: the kernel takes the frames from its
             // ring.
             let r = unsafe {
-                libc::sendto(
+                libc::syscall(
+                    libc::SYS_sendto,
                     self.fd.as_raw_fd(),
-                    std::ptr::null(),
-                    0,
+                    std::ptr::null::<u8>(),
+                    0usize,
                     libc::MSG_DONTWAIT,
-                    std::ptr::null(),
+                    std::ptr::null::<libc::sockaddr>(),
                     0,
                 )
             };

@@ -40,10 +40,11 @@ pub(crate) fn spinning_latency(cfg: &PerfConfig) -> bool {
     cfg.test.is_latency() && !cfg.use_event
 }
 
-/// Whether a phase of `size`-byte messages coalesces arrivals (UDP GRO) where the device has
-/// it: always, but in a spinning latency test only when a message takes more than one packet
-/// of `payload` bytes (a ping has nothing to coalesce, and GRO costs it about 0.1 us a hop on
-/// loopback; a message of many packets arrives in one receive call with it, in many without).
+/// Whether a phase of `size`-byte messages wants arrivals coalesced (UDP GRO): always, but in a
+/// spinning latency test only when a message takes more than one packet of `payload` bytes,
+/// this end's (a ping has nothing to coalesce, and GRO costs it about 0.1 us a hop on loopback;
+/// a message of many packets arrives in one receive call with it, in many without); never
+/// against `--no-gro`.
 pub(crate) fn phase_gro(cfg: &PerfConfig, size: usize, payload: u32) -> bool {
     cfg.gro && (!spinning_latency(cfg) || size > payload as usize)
 }
