@@ -167,8 +167,6 @@ pub(crate) struct Engine {
     rx_full: bool,
     /// Reused by `transmit` (no allocation per round).
     qpn_list: Vec<u32>,
-    /// Progress rounds so far.
-    rounds: u64,
     /// When the engine may next be expected to run: the start of the last round, or the end of
     /// the sleep it chose. A round that starts much later than this was not given the CPU.
     expected_at: Instant,
@@ -234,7 +232,6 @@ impl Engine {
             path_cache: [None; PATH_CACHE],
             queued: Vec::new(),
             qpn_list: Vec::new(),
-            rounds: 0,
             expected_at: Instant::ZERO,
             rx_want: 1,
             rx_full: false,
@@ -316,7 +313,7 @@ impl Engine {
         // in which nothing arrived and no timer fired has nothing to send or complete, so an
         // idle spin is one timer check and one receive call (with a full round now and then).
         let now = self.now();
-        self.rounds = self.rounds.wrapping_add(1);
+        self.counters.rounds = self.counters.rounds.wrapping_add(1);
         if now.since(self.expected_at) > STALL_NS && self.expected_at != Instant::ZERO {
             self.host_stalled(now);
         }
@@ -329,7 +326,7 @@ impl Engine {
             self.share(now);
         }
         let fired = now >= self.deadline && self.run_timers(now);
-        let full = fired || self.dirty || self.rounds % 256 == 0;
+        let full = fired || self.dirty || self.counters.rounds % 256 == 0;
         let mut busy = fired;
         if full {
             self.dirty = false;

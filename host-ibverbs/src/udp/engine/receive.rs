@@ -14,7 +14,7 @@ impl Engine {
         // With the AF_XDP datapath arrivals come through its ring (no system call); the UDP
         // socket still gets what the XDP program leaves to the kernel's stack (fragments, another
         // interface, this host): read every few rounds, and by `receive_all`.
-        self.receive_from(now, want, self.rounds % XDP_SOCKET_ROUNDS == 0)
+        self.receive_from(now, want, self.counters.rounds % XDP_SOCKET_ROUNDS == 0)
     }
 
     /// As `receive`, reading the UDP socket too with the AF_XDP datapath (after a sleep, which

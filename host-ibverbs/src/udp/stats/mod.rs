@@ -72,6 +72,10 @@ engine_counters! {
     rx_drop_bad_place,
     /// Receive system call failures.
     rx_errors,
+    /// Rounds of the engine: each checks the timers and reads the sockets once, then sleeps
+    /// on them if nothing happened and its caller may wait. A spinning end runs hundreds of
+    /// thousands a second; an idle one asleep runs one per timer or per 10 ms wait slice.
+    rounds,
     /// Rounds of the engine that started more than 0.5 ms later than it asked to run (this host
     /// gave it no CPU): the connections' timers restarted.
     host_stalls,
