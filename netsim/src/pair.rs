@@ -166,10 +166,21 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 side.conn.poll_transmit(self.now, &mut buf)
             };
             let Some(tx) = next else { break };
+            // After a doorbell a runner may stop asking once `may_transmit_data` says none is
+            // left (the UDP engine does): check that it never leaves a data packet behind.
+            let last = data_only && !side.conn.may_transmit_data();
             assert!(side
                 .conn
                 .fill_and_seal(&tx, &mut buf, &at_base(&mut side.mem)));
             self.wire.push((to_b, tx.src_port, buf[..tx.len].to_vec()));
+            if last {
+                let mut probe = side.conn.clone();
+                assert!(
+                    probe.poll_transmit_data(self.now, &mut buf).is_none(),
+                    "may_transmit_data said no data packet was left"
+                );
+                break;
+            }
         }
     }
 

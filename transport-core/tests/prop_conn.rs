@@ -208,6 +208,13 @@ proptest! {
                 }
             }
             for side in [&p.a, &p.b] {
+                // A runner that stops asking for data when `may_transmit_data` says none is left
+                // (the UDP engine after a doorbell) leaves nothing behind that a call would give.
+                if !side.conn.may_transmit_data() {
+                    let mut probe = side.conn.clone();
+                    let mut buf = vec![0u8; 1 << 16];
+                    prop_assert!(probe.poll_transmit_data(p.now, &mut buf).is_none(), "may_transmit_data said no data was left");
+                }
                 // The congestion windows stay between one packet and the configured maximum, and
                 // are cut no more often than marks came back.
                 let max = side.conn.config().window_per_path;

@@ -52,6 +52,30 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         self.transmit_data(now, buf)
     }
 
+    /// Whether [`Connection::poll_transmit_data`] may have another data packet to give now: a
+    /// retransmission is queued, or a message has packets left to send. False only when it
+    /// surely has none, so that a runner staging what a doorbell made ready can send it without
+    /// asking once more (a ping's answer: one call, not two). True does not promise a packet
+    /// (the window or the pacer may hold it).
+    #[inline]
+    pub fn may_transmit_data(&self) -> bool {
+        if !self.retx.is_empty() {
+            return true;
+        }
+        let m = self.send_hint;
+        if m == self.msgs.tail() {
+            return false;
+        }
+        match self.msgs.get(m) {
+            // The search starts here: a message with packets left, or any later one.
+            Some(msg) if msg.done || msg.next_pkt >= msg.npkts => {
+                m.wrapping_add(1) != self.msgs.tail()
+            }
+            // Packets left, or a hint the ring has moved past (the search starts at the head).
+            _ => true,
+        }
+    }
+
     /// A retransmission if one is due, else a new packet; the controller counts it.
     #[inline(always)]
     fn transmit_data(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {

@@ -211,6 +211,7 @@ impl Engine {
             let Some(mut tx) = next else {
                 break;
             };
+            let more = !data_only || conn.may_transmit_data();
             let port = tx.src_port;
             let slot = usize::from(port) % PATH_CACHE;
             let stage = match self.path_cache[slot] {
@@ -294,6 +295,10 @@ impl Engine {
                 in_place: in_place.map(|h| (h, tx.payload_addr, tx.payload_len)),
             };
             self.staged(stage, wire_port, peer, shape, tx.payload_len > 0);
+            if !more {
+                // What the doorbell made ready is staged: it goes now, without asking again.
+                break;
+            }
         }
         self.scratch = scratch;
         sent
@@ -552,7 +557,27 @@ impl Engine {
                 let k = call.iter().position(|r| r.len > r.segment);
                 &call[..k.unwrap_or(call.len())]
             };
-            let result = if s.in_place {
+            // (A call of one message, a ping's answer, fills no table of TX_BATCH entries.)
+            let piece_msg = |r: &Run| PieceMsg {
+                first: r.first,
+                end: r.end,
+                segment: r.segment,
+            };
+            let send_run = |r: &Run| SendRun {
+                start: match s.pieces[r.first] {
+                    Piece::Staged { start, .. } => start,
+                    Piece::Region { .. } => 0,
+                },
+                len: r.len,
+                segment: r.segment,
+            };
+            let result = if call.len() == 1 {
+                if s.in_place {
+                    sock.send_many_pieces(&dst, &iovs, &[piece_msg(&call[0])])
+                } else {
+                    sock.send_many(&dst, &s.buf, &[send_run(&call[0])])
+                }
+            } else if s.in_place {
                 let mut msgs = [PieceMsg {
                     first: 0,
                     end: 0,
@@ -560,11 +585,7 @@ impl Engine {
                 }; TX_BATCH];
                 let n = call.len().min(TX_BATCH);
                 for (m, r) in msgs.iter_mut().zip(&call[..n]) {
-                    *m = PieceMsg {
-                        first: r.first,
-                        end: r.end,
-                        segment: r.segment,
-                    };
+                    *m = piece_msg(r);
                 }
                 sock.send_many_pieces(&dst, &iovs, &msgs[..n])
             } else {
@@ -575,15 +596,7 @@ impl Engine {
                 }; TX_BATCH];
                 let n = call.len().min(TX_BATCH);
                 for (m, r) in msgs.iter_mut().zip(&call[..n]) {
-                    let start = match s.pieces[r.first] {
-                        Piece::Staged { start, .. } => start,
-                        Piece::Region { .. } => 0,
-                    };
-                    *m = SendRun {
-                        start,
-                        len: r.len,
-                        segment: r.segment,
-                    };
+                    *m = send_run(r);
                 }
                 sock.send_many(&dst, &s.buf, &msgs[..n])
             };
