@@ -134,9 +134,10 @@ pub struct PerfArgs {
     pub bind: Option<IpAddr>,
     /// UDP transport: never sleep. The kernel busy-polls the NIC's receive queue (SO_BUSY_POLL,
     /// 50 us), the engine never sleeps in its waits, and bandwidth tests poll without pause
-    /// (by default they spin for 200 us after the last work, then sleep on the sockets until a
-    /// datagram or a timer, so that the kernel and a peer on the same host get the CPU they need;
-    /// latency tests always spin, as perftest's do).
+    /// (by default they spin for 200 us after the last work, or not at all while the thread has
+    /// lately waited for a CPU, then sleep on the sockets until a datagram or a timer, so that
+    /// the kernel and a peer on the same host get the CPU they need; latency tests always spin,
+    /// as perftest's do).
     #[arg(long)]
     pub busy_poll: bool,
     /// Sleep while waiting for completions instead of polling, at once: the UDP transport's

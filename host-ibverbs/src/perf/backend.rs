@@ -118,6 +118,8 @@ struct UdpEp {
     wait: Wait,
     /// Since when polls have found nothing to do (adaptive waiting).
     idle_since: std::cell::Cell<Option<std::time::Instant>>,
+    /// Whether this thread waits for a CPU (adaptive waiting then sleeps at once).
+    cpu_wait: std::cell::RefCell<udp::cpu_wait::CpuWait>,
     /// Payload bytes per packet.
     payload: u32,
 }
@@ -129,7 +131,9 @@ enum Wait {
     Spin,
     /// Spins while there was work within [`SPIN_BUDGET`], then sleeps on the sockets until a
     /// datagram or a timer (the default): a software transport must not take the CPU that the
-    /// kernel needs to carry its packets, nor the peer's on a shared host.
+    /// kernel needs to carry its packets, nor the peer's on a shared host. While the thread has
+    /// lately waited for a CPU (other tasks want the host's CPUs: `udp::cpu_wait`), it sleeps
+    /// as soon as it has nothing to do.
     Adaptive,
     /// Sleeps on the sockets at once (`-e`, perftest's `--use_event`).
     Event,
@@ -347,7 +351,7 @@ impl Endpoint {
                         let now = std::time::Instant::now();
                         let since = *u.idle_since.get().get_or_insert(now);
                         u.idle_since.set(Some(since));
-                        if now - since < SPIN_BUDGET {
+                        if now - since < SPIN_BUDGET && !u.cpu_wait.borrow_mut().contended(now) {
                             return Ok(0);
                         }
                     }
@@ -765,6 +769,52 @@ mod tests {
                     want,
                     "{test:?} -e {use_event} gro {gro} size {size}"
                 );
+            }
+        }
+    }
+
+    /// Times the calling thread gave the CPU up of its own accord (it slept).
+    fn voluntary_switches() -> i64 {
+        // SAFETY: all-zero bytes are a valid `rusage` (integers and timevals).
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `ru` is a valid, writable rusage for the call.
+        assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) }, 0);
+        ru.ru_nvcsw
+    }
+
+    /// A bandwidth test's idle poll spins for its budget while the CPU is free, and sleeps at
+    /// once (until a datagram, or the wait's millisecond) while the thread waits for a CPU.
+    #[test]
+    fn an_idle_poll_sleeps_at_once_when_the_cpu_is_contended() {
+        use super::super::Test;
+        let ip = IpAddr::from([127, 0, 0, 1]);
+        let mut cfg = PerfConfig::new(Test::WriteBw);
+        cfg.data_port = 0;
+        let ep = Endpoint::open(&cfg, ip, false).unwrap();
+        // (Without the verbs feature the backend has one kind.)
+        #[allow(irrefutable_let_patterns)]
+        let Be::Udp(u) = &ep.be
+        else {
+            panic!("the UDP transport")
+        };
+        let mut wcs = Vec::new();
+        for contended in [false, true] {
+            u.cpu_wait.borrow_mut().force(contended);
+            u.idle_since.set(None);
+            let (sw, t) = (voluntary_switches(), std::time::Instant::now());
+            assert_eq!(ep.poll(&mut wcs, 16).unwrap(), 0);
+            let (slept, took) = (voluntary_switches() - sw, t.elapsed());
+            if contended {
+                assert!(
+                    slept >= 1,
+                    "contended: the first empty poll sleeps ({took:?})"
+                );
+                assert!(
+                    took >= EVENT_WAIT,
+                    "contended: it sleeps the wait out ({took:?})"
+                );
+            } else {
+                assert_eq!(slept, 0, "free: the first empty poll spins ({took:?})");
             }
         }
     }

@@ -16,6 +16,7 @@
 //! engine runs on the calling thread inside [`CompletionQueue::poll`], [`CompletionQueue::wait`]
 //! and [`Context::progress`]; everything here is single-threaded (`!Send`), one device per thread.
 
+pub mod cpu_wait;
 pub mod crc_engine;
 mod engine;
 pub(crate) use engine::HashMap as FastMap;

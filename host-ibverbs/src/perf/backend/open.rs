@@ -136,6 +136,7 @@ pub(super) fn open_udp(
                 Wait::Adaptive
             },
             idle_since: std::cell::Cell::new(None),
+            cpu_wait: Default::default(),
             payload: mtu,
         }),
     })
