@@ -146,18 +146,22 @@ mod tests {
     }
 
     #[test]
-    fn the_verdict_turns_above_a_tenth_and_back_below_a_twentieth() {
-        let ms = Duration::from_millis;
-        assert!(!verdict(false, ms(0), ms(10)));
-        assert!(!verdict(false, ms(1), ms(10)), "10% is not above 10%");
-        assert!(verdict(false, Duration::from_micros(1_001), ms(10)));
-        assert!(verdict(false, ms(4), ms(10)));
+    fn the_verdict_turns_above_a_fifth_and_back_below_a_tenth() {
+        assert_eq!((CONTENDED_ABOVE, FREE_BELOW), (0.20, 0.10));
+        let us = Duration::from_micros;
+        let wall = Duration::from_millis(10);
+        assert!(!verdict(false, us(0), wall));
+        assert!(!verdict(false, us(2_000), wall), "20% is not above 20%");
+        assert!(verdict(false, us(2_001), wall));
+        assert!(verdict(false, us(4_000), wall));
         // Between the two thresholds the verdict stands, either way.
-        assert!(verdict(true, Duration::from_micros(700), ms(10)));
-        assert!(!verdict(false, Duration::from_micros(700), ms(10)));
-        assert!(!verdict(true, Duration::from_micros(400), ms(10)));
+        for d in [us(1_000), us(1_500), us(2_000)] {
+            assert!(verdict(true, d, wall), "{d:?}");
+            assert!(!verdict(false, d, wall), "{d:?}");
+        }
+        assert!(!verdict(true, us(999), wall));
         assert!(
-            verdict(true, ms(3), Duration::ZERO),
+            verdict(true, us(3_000), Duration::ZERO),
             "no time passed: as before"
         );
     }
