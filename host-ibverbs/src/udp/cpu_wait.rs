@@ -16,10 +16,11 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
-/// Above this share of waiting on a run queue the CPU is contended.
-pub const CONTENDED_ABOVE: f64 = 0.20;
-/// Below this share a contended CPU is free again (between the two, the verdict stands).
-pub const FREE_BELOW: f64 = 0.10;
+/// Above this share of the time (percent) waiting on a run queue the CPU is contended.
+pub const CONTENDED_ABOVE_PERCENT: u128 = 20;
+/// Below this share (percent) a contended CPU is free again (between the two, the verdict
+/// stands).
+pub const FREE_BELOW_PERCENT: u128 = 10;
 /// How often the statistics are read at most.
 pub const INTERVAL: Duration = Duration::from_millis(10);
 
@@ -33,24 +34,31 @@ pub fn parse_schedstat(text: &str) -> Option<u64> {
 }
 
 /// The verdict after an interval of `wall` in which the thread waited `delay` for a CPU, given
-/// the verdict before it (hysteresis between [`FREE_BELOW`] and [`CONTENDED_ABOVE`]).
+/// the verdict before it (hysteresis between [`FREE_BELOW_PERCENT`] and
+/// [`CONTENDED_ABOVE_PERCENT`]).
+///
+/// The share is of the wall time, sleeps included, not of the time the thread wanted a CPU
+/// (its CPU time and the delay): on an idle virtual machine each wake-up of a thread that sleeps
+/// often waits tens of microseconds for its CPU to wake, which against the little CPU time such
+/// a thread uses would read as contention, and would keep it sleeping.
 pub fn verdict(before: bool, delay: Duration, wall: Duration) -> bool {
     if wall.is_zero() {
         return before;
     }
-    let share = delay.as_secs_f64() / wall.as_secs_f64();
-    if share > CONTENDED_ABOVE {
+    let (delay, wall) = (delay.as_nanos() * 100, wall.as_nanos());
+    if delay > CONTENDED_ABOVE_PERCENT * wall {
         true
-    } else if share < FREE_BELOW {
+    } else if delay < FREE_BELOW_PERCENT * wall {
         false
     } else {
         before
     }
 }
 
-/// The calling thread's run-queue delay, read at most every [`INTERVAL`]. Where the kernel
-/// offers no statistics (no procfs, no `CONFIG_SCHED_INFO`), the CPU counts as free: the loop
-/// then spins as it always did.
+/// The calling thread's run-queue delay, read at most every [`INTERVAL`], and only when asked
+/// (a loop asks when it finds nothing to do). Where the kernel offers no statistics (no procfs,
+/// no `CONFIG_SCHED_INFO`), or a reading ever fails, the CPU counts as free from then on (the
+/// file is not tried again): the loop then spins as it always did.
 #[derive(Debug)]
 pub struct CpuWait {
     /// The statistics of the thread that opened it.
@@ -93,6 +101,8 @@ impl CpuWait {
         }
         let me = std::thread::current().id();
         if self.file.is_none() || self.thread != me {
+            // Another thread's verdict says nothing about this one.
+            self.contended = false;
             self.thread = me;
             self.file = File::open("/proc/thread-self/schedstat").ok();
             match self.read() {
@@ -147,7 +157,7 @@ mod tests {
 
     #[test]
     fn the_verdict_turns_above_a_fifth_and_back_below_a_tenth() {
-        assert_eq!((CONTENDED_ABOVE, FREE_BELOW), (0.20, 0.10));
+        assert_eq!((CONTENDED_ABOVE_PERCENT, FREE_BELOW_PERCENT), (20, 10));
         let us = Duration::from_micros;
         let wall = Duration::from_millis(10);
         assert!(!verdict(false, us(0), wall));
@@ -207,7 +217,11 @@ mod tests {
         for t in busy {
             t.join().unwrap();
         }
-        assert!(!w.unavailable, "no scheduler statistics on this kernel");
+        assert!(
+            !w.unavailable,
+            "no scheduler statistics (/proc/thread-self/schedstat) on this kernel: adaptive \
+             waiting cannot tell a contended CPU here"
+        );
         assert!(
             verdicts.last() == Some(&true),
             "sharing one CPU with three busy threads: {} of {} verdicts contended",
