@@ -47,16 +47,24 @@ struct Hosts {
 }
 
 impl Hosts {
-    fn new() -> Hosts {
+    /// Names for a new pair, unique among this run's tests: the namespaces, the client's device,
+    /// the server's address in 10.`net`.N.0/24 and (`routed`) the router; with N and the tag
+    /// the other names take.
+    fn named(net: u8, routed: bool) -> (Hosts, u32, String) {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let tag = format!("{}{n}", std::process::id() % 10_000);
         let h = Hosts {
             a: format!("mra{tag}"),
             b: format!("mrb{tag}"),
             dev_a: format!("va{tag}"),
-            server: format!("10.77.{n}.2"),
-            r: None,
+            server: format!("10.{net}.{n}.2"),
+            r: routed.then(|| format!("mrr{tag}")),
         };
+        (h, n, tag)
+    }
+
+    fn new() -> Hosts {
+        let (h, n, tag) = Hosts::named(77, false);
         let dev_b = format!("vb{tag}");
         sh(&["ip", "netns", "add", &h.a]);
         sh(&["ip", "netns", "add", &h.b]);
@@ -96,15 +104,7 @@ impl Hosts {
     /// hop is the router, whose MAC the AF_XDP datapath takes from the neighbour table, and what
     /// the router drops (`forward_loss`) neither end's kernel sees.
     fn routed() -> Hosts {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let tag = format!("{}{n}", std::process::id() % 10_000);
-        let h = Hosts {
-            a: format!("mra{tag}"),
-            b: format!("mrb{tag}"),
-            dev_a: format!("va{tag}"),
-            server: format!("10.75.{n}.2"),
-            r: Some(format!("mrr{tag}")),
-        };
+        let (h, n, tag) = Hosts::named(75, true);
         let r = h.r.clone().unwrap();
         let (dev_b, ra, rb) = (format!("vb{tag}"), format!("ra{tag}"), format!("rb{tag}"));
         for ns in [&h.a, &h.b, &r] {
@@ -166,9 +166,15 @@ impl Hosts {
 
     /// The datagrams `forward_loss` has dropped so far (the router forwards them one by one).
     fn forward_dropped(&self) -> u64 {
-        let r = self.r.as_ref().expect("a routed pair");
+        self.loss_counter(self.r.as_ref().expect("a routed pair"), "packets")
+    }
+
+    /// The `what` (packets or bytes) of the counter in namespace `ns`'s table `mrloss`.
+    fn loss_counter(&self, ns: &str, what: &str) -> u64 {
         let out = Command::new("ip")
-            .args(["netns", "exec", r, "nft", "list", "table", "inet", "mrloss"])
+            .args([
+                "netns", "exec", ns, "nft", "list", "table", "inet", "mrloss",
+            ])
             .output()
             .expect("nft");
         assert!(
@@ -178,10 +184,10 @@ impl Hosts {
         );
         let text = String::from_utf8_lossy(&out.stdout);
         text.split_whitespace()
-            .skip_while(|w| *w != "packets")
+            .skip_while(|w| *w != what)
             .nth(1)
             .and_then(|b| b.parse::<u64>().ok())
-            .unwrap_or_else(|| panic!("no packet counter in {text}"))
+            .unwrap_or_else(|| panic!("no {what} counter in {text}"))
     }
 
     /// `metaroce ARGS` in namespace `ns`.
@@ -276,28 +282,10 @@ impl Hosts {
     /// The bytes `counted_loss` has dropped in both namespaces so far: what the input hook saw,
     /// after GRO, so one match may be a run of datagrams.
     fn dropped_bytes(&self) -> u64 {
-        let mut total = 0;
-        for ns in [&self.a, &self.b] {
-            let out = Command::new("ip")
-                .args([
-                    "netns", "exec", ns, "nft", "list", "table", "inet", "mrloss",
-                ])
-                .output()
-                .expect("nft");
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let text = String::from_utf8_lossy(&out.stdout);
-            total += text
-                .split_whitespace()
-                .skip_while(|w| *w != "bytes")
-                .nth(1)
-                .and_then(|b| b.parse::<u64>().ok())
-                .unwrap_or_else(|| panic!("no byte counter in {text}"));
-        }
-        total
+        [&self.a, &self.b]
+            .iter()
+            .map(|ns| self.loss_counter(ns, "bytes"))
+            .sum()
     }
 
     fn run(&self, test: &str, client_args: &[&str]) -> common::Pair {
