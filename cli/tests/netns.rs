@@ -820,6 +820,41 @@ fn the_xdp_datapath_repairs_real_loss_through_a_router() {
     );
 }
 
+/// Policy routing: the server's way back to the client is in a table of its own, chosen by a
+/// rule for its address, and its main table has no route there (as on a host with a routing
+/// table per RDMA interface). The AF_XDP datapath asks the kernel for the route (netlink, as
+/// `ip route get` does), so the server's datagrams still leave through its ring, to the router's
+/// MAC; the main table alone would have sent them all through the socket.
+#[test]
+#[ignore = "needs root for network namespaces; scripts/test.sh runs it"]
+fn the_xdp_datapath_follows_policy_routing() {
+    let _one_at_a_time = serial();
+    let h = Hosts::routed();
+    let gw = h.server.replace(".2", ".254");
+    for args in [
+        &["route", "del", "default"][..],
+        &["route", "add", "default", "via", &gw, "table", "100"],
+        &["rule", "add", "from", &h.server, "table", "100"],
+    ] {
+        let mut cmd = vec!["ip", "-n", &h.b];
+        cmd.extend_from_slice(args);
+        sh(&cmd);
+    }
+    let p = h.run_both(
+        "write-bw",
+        &["--xdp"],
+        &["-s", "1048576", "-n", "8", "--xdp"],
+    );
+    assert_success(&p);
+    assert_eq!(p.client_json()[0]["verified"], true);
+    let xtx = server_device_counter(&p, "xdp_tx_frames");
+    let via_socket = server_device_counter(&p, "xdp_tx_via_socket");
+    assert!(
+        xtx > 0 && via_socket * 10 <= xtx,
+        "{xtx} datagrams through the ring, {via_socket} through the socket"
+    );
+}
+
 /// A server with `--xdp` that stays up serves client after client: each client's device binds
 /// the queue again once the last one's socket is released (the kernel finishes that a little
 /// after the close), and opening the datapath closes no descriptor it does not own.

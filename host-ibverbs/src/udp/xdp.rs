@@ -11,8 +11,9 @@
 //! - **Departures** are written into frame buffers with their Ethernet, IPv4 and UDP headers
 //!   (UDP checksum computed, ECT(0) and the traffic class's DSCP, DF) and sent with one `sendto`
 //!   per flush (copy mode: the kernel copies each into a buffer of its own and transmits it). The
-//!   next hop's MAC comes from the kernel's routes and neighbour table (`/proc/net/route`,
-//!   `/proc/net/arp`); a datagram to an address without one yet (never resolved, or this host)
+//!   next hop's MAC comes from the kernel's route for it (asked over netlink, as `ip route get`
+//!   does: policy rules and every table count; `/proc/net/route`'s main table where netlink does
+//!   not answer) and its neighbour table (`/proc/net/arp`); a datagram to an address without one yet (never resolved, or this host)
 //!   goes through the UDP socket as without XDP, which also makes the kernel resolve it.
 //!
 //! The wire is the same either way: an end with `--xdp` talks to one without. Limits: IPv4; an
@@ -22,7 +23,7 @@
 //! XDP program is detached when the device closes (a BPF link). Frames leave without the
 //! interface's queueing discipline (tc shaping and priorities, `SO_PRIORITY`, do not apply) and
 //! arrive before netfilter (firewall rules on the engine's port and address are not consulted).
-//! The next hop comes from the main routing table only. Needs CAP_NET_ADMIN and CAP_BPF (root).
+//! Needs CAP_NET_ADMIN and CAP_BPF (root).
 
 use super::socket::{RecvMeta, ECT0};
 use std::collections::HashMap;
@@ -416,6 +417,176 @@ pub fn next_hop(routes: &str, dev: &str, dst: Ipv4Addr) -> Option<Ipv4Addr> {
     route_to(routes, dst).and_then(|(d, hop)| (d == dev).then_some(hop))
 }
 
+/// The kernel's answer to "which route does a datagram from `src` to `dst` take?": the
+/// interface it leaves by and its next hop (the gateway, or `dst` on a link route).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteAnswer {
+    /// The outgoing interface's index.
+    pub oif: u32,
+    /// The next hop.
+    pub hop: Ipv4Addr,
+}
+
+const RTM_NEWROUTE: u16 = 24;
+const RTM_GETROUTE: u16 = 26;
+const NLMSG_ERROR: u16 = 2;
+const RTA_DST: u16 = 1;
+const RTA_SRC: u16 = 2;
+const RTA_OIF: u16 = 4;
+const RTA_GATEWAY: u16 = 5;
+const RTN_UNICAST: u8 = 1;
+
+/// An `RTM_GETROUTE` request for `src` to `dst`, as `ip route get DST from SRC` sends it:
+/// netlink header (16 bytes), `rtmsg` (12), `RTA_DST` and `RTA_SRC` (8 each).
+pub(crate) fn route_request(seq: u32, src: Ipv4Addr, dst: Ipv4Addr) -> [u8; 44] {
+    let mut m = [0u8; 44];
+    m[0..4].copy_from_slice(&44u32.to_ne_bytes());
+    m[4..6].copy_from_slice(&RTM_GETROUTE.to_ne_bytes());
+    m[6..8].copy_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
+    m[8..12].copy_from_slice(&seq.to_ne_bytes());
+    // rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags (u32).
+    m[16] = libc::AF_INET as u8;
+    m[17] = 32;
+    m[18] = 32;
+    for (at, kind, ip) in [(28, RTA_DST, dst), (36, RTA_SRC, src)] {
+        m[at..at + 2].copy_from_slice(&8u16.to_ne_bytes());
+        m[at + 2..at + 4].copy_from_slice(&kind.to_ne_bytes());
+        m[at + 4..at + 8].copy_from_slice(&ip.octets());
+    }
+    m
+}
+
+/// The route in the kernel's reply to [`route_request`] number `seq` for `dst`: `Ok(None)` for
+/// no route (an error the kernel returns, such as unreachable) or one that does not leave as
+/// unicast (this host's own address, a blackhole); `Err` for a reply that is not one.
+pub(crate) fn parse_route_reply(
+    reply: &[u8],
+    seq: u32,
+    dst: Ipv4Addr,
+) -> Result<Option<RouteAnswer>, ()> {
+    let u16_at = |b: &[u8], at: usize| -> Option<u16> {
+        Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?))
+    };
+    let u32_at = |b: &[u8], at: usize| -> Option<u32> {
+        Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+    };
+    let len = u32_at(reply, 0).ok_or(())? as usize;
+    let kind = u16_at(reply, 4).ok_or(())?;
+    if len < 16 || len > reply.len() || u32_at(reply, 8) != Some(seq) {
+        return Err(());
+    }
+    let msg = &reply[..len];
+    match kind {
+        // The error (negative errno) or acknowledgement (0) of the request.
+        NLMSG_ERROR => match u32_at(msg, 16) {
+            Some(0) | None => Err(()),
+            Some(_) => Ok(None),
+        },
+        RTM_NEWROUTE => {
+            let rtm = msg.get(16..28).ok_or(())?;
+            if rtm[0] != libc::AF_INET as u8 {
+                return Err(());
+            }
+            if rtm[7] != RTN_UNICAST {
+                return Ok(None);
+            }
+            let (mut oif, mut gateway) = (None, None);
+            let mut at = 28;
+            while at + 4 <= msg.len() {
+                let alen = usize::from(u16_at(msg, at).ok_or(())?);
+                let akind = u16_at(msg, at + 2).ok_or(())? & 0x3fff;
+                if alen < 4 || at + alen > msg.len() {
+                    return Err(());
+                }
+                let data = &msg[at + 4..at + alen];
+                match (akind, data.len()) {
+                    (RTA_OIF, 4) => oif = u32_at(data, 0),
+                    (RTA_GATEWAY, 4) => {
+                        gateway = Some(Ipv4Addr::new(data[0], data[1], data[2], data[3]))
+                    }
+                    _ => {}
+                }
+                at += alen.div_ceil(4) * 4;
+            }
+            Ok(oif.map(|oif| RouteAnswer {
+                oif,
+                hop: gateway.unwrap_or(dst),
+            }))
+        }
+        _ => Err(()),
+    }
+}
+
+/// Asks the kernel (netlink, `RTM_GETROUTE`) which route a datagram from `src` to `dst` takes:
+/// policy rules and every table included, as the UDP socket's own datagrams are routed.
+/// `Ok(None)`: no unicast route. An error: netlink is not there or gave no answer.
+pub fn route_get(src: Ipv4Addr, dst: Ipv4Addr) -> io::Result<Option<RouteAnswer>> {
+    static SEQ: AtomicU32 = AtomicU32::new(1);
+    let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+    // SAFETY: socket(2) with constant arguments; the descriptor is owned at once below.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_ROUTE,
+        )
+    };
+    if fd < 0 {
+        return Err(os_err("netlink socket"));
+    }
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // A reply that never comes must not hold the engine: 100 ms at most.
+    let tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 100_000,
+    };
+    // SAFETY: `tv` is a valid timeval of the size passed.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    let req = route_request(seq, src, dst);
+    // SAFETY: all-zero is a valid sockaddr_nl (the kernel: pid 0, no groups).
+    let mut kernel: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    kernel.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    // SAFETY: `req` and `kernel` are valid for the lengths passed.
+    let sent = unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
+            req.as_ptr().cast(),
+            req.len(),
+            0,
+            (&kernel as *const libc::sockaddr_nl).cast(),
+            std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+        )
+    };
+    if sent != req.len() as isize {
+        return Err(os_err("netlink request"));
+    }
+    let mut buf = [0u8; 1024];
+    for _ in 0..4 {
+        // SAFETY: `buf` is writable for its length.
+        let n = unsafe { libc::recv(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            return Err(os_err("netlink reply"));
+        }
+        // (This fresh socket gets only this request's reply; what does not parse is skipped.)
+        if let Ok(answer) = parse_route_reply(&buf[..n as usize], seq, dst) {
+            return Ok(answer);
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::InvalidData,
+        "no route in netlink's reply",
+    ))
+}
+
 /// The MAC of `ip` on interface `dev` in `/proc/net/arp`'s text, if resolved (flag 0x2).
 pub fn neighbour_mac(arp: &str, dev: &str, ip: Ipv4Addr) -> Option<MacAddr> {
     for line in arp.lines().skip(1) {
@@ -541,6 +712,8 @@ pub struct Xdp {
     /// Frames in the TX ring the kernel has not taken yet.
     unsent: bool,
     dev: String,
+    /// The interface's index (what the kernel's route answers name).
+    index: u32,
     mac: MacAddr,
     local: SocketAddrV4,
     tos: u8,
@@ -748,6 +921,7 @@ impl Xdp {
             free_tx: (FRAMES / 2..FRAMES).map(|i| (i * CHUNK) as u64).collect(),
             unsent: false,
             dev,
+            index,
             mac,
             local,
             tos: (dscp << 2) | ECT0,
@@ -794,10 +968,17 @@ impl Xdp {
             }
         }
         let now = Instant::now();
-        let routes = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
+        // The kernel's own answer (policy rules and every table: the route a datagram from this
+        // end's address would take), else the main table as `/proc/net/route` shows it.
+        let hop = match route_get(*self.local.ip(), dst) {
+            Ok(answer) => answer.and_then(|r| (r.oif == self.index).then_some(r.hop)),
+            Err(_) => {
+                let routes = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
+                next_hop(&routes, &self.dev, dst)
+            }
+        };
         let arp = std::fs::read_to_string("/proc/net/arp").unwrap_or_default();
-        let mac =
-            next_hop(&routes, &self.dev, dst).and_then(|hop| neighbour_mac(&arp, &self.dev, hop));
+        let mac = hop.and_then(|hop| neighbour_mac(&arp, &self.dev, hop));
         // The cache stays small: a device talks to few peers; a flood of addresses is bounded.
         if self.neighbours.len() >= 1024 {
             self.neighbours.clear();
@@ -1055,6 +1236,127 @@ mod tests {
             route_to("header\nnonsense\neth0 zz 0 1 0 0 0 0\n", ip("1.2.3.4")),
             None
         );
+    }
+
+    fn ip(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    /// A route reply as the kernel writes it: netlink header, `rtmsg` of route type `kind`, then
+    /// the attributes (type, data), each padded to four bytes.
+    fn reply(seq: u32, kind: u8, attrs: &[(u16, &[u8])]) -> Vec<u8> {
+        let mut m = vec![0u8; 28];
+        m[4..6].copy_from_slice(&RTM_NEWROUTE.to_ne_bytes());
+        m[8..12].copy_from_slice(&seq.to_ne_bytes());
+        m[16] = libc::AF_INET as u8;
+        m[17] = 32;
+        m[23] = kind;
+        for (t, data) in attrs {
+            let len = 4 + data.len();
+            m.extend_from_slice(&(len as u16).to_ne_bytes());
+            m.extend_from_slice(&t.to_ne_bytes());
+            m.extend_from_slice(data);
+            m.resize(m.len().div_ceil(4) * 4, 0);
+        }
+        let n = m.len() as u32;
+        m[0..4].copy_from_slice(&n.to_ne_bytes());
+        m
+    }
+
+    #[test]
+    fn a_route_request_is_what_ip_route_get_sends() {
+        let r = route_request(7, ip("10.0.0.1"), ip("10.1.2.3"));
+        assert_eq!(u32::from_ne_bytes(r[0..4].try_into().unwrap()), 44);
+        assert_eq!(
+            u16::from_ne_bytes(r[4..6].try_into().unwrap()),
+            RTM_GETROUTE
+        );
+        assert_eq!(u32::from_ne_bytes(r[8..12].try_into().unwrap()), 7);
+        assert_eq!((r[16], r[17], r[18]), (libc::AF_INET as u8, 32, 32));
+        let attr = |kind: u16, a: [u8; 4]| {
+            let mut v = 8u16.to_ne_bytes().to_vec();
+            v.extend_from_slice(&kind.to_ne_bytes());
+            v.extend_from_slice(&a);
+            v
+        };
+        assert_eq!(r[28..36], attr(RTA_DST, [10, 1, 2, 3])[..], "RTA_DST");
+        assert_eq!(r[36..44], attr(RTA_SRC, [10, 0, 0, 1])[..], "RTA_SRC");
+    }
+
+    #[test]
+    fn route_replies_give_the_interface_and_next_hop_or_nothing() {
+        let dst = ip("10.1.2.3");
+        let oif = 5u32.to_ne_bytes();
+        let gw = [10, 0, 0, 254];
+        let via = reply(
+            9,
+            RTN_UNICAST,
+            &[
+                (RTA_DST, &dst.octets()),
+                (RTA_OIF, &oif),
+                (RTA_GATEWAY, &gw),
+            ],
+        );
+        assert_eq!(
+            parse_route_reply(&via, 9, dst),
+            Ok(Some(RouteAnswer {
+                oif: 5,
+                hop: ip("10.0.0.254")
+            }))
+        );
+        let link = reply(9, RTN_UNICAST, &[(RTA_OIF, &oif), (15, &[1, 2, 3])]);
+        assert_eq!(
+            parse_route_reply(&link, 9, dst),
+            Ok(Some(RouteAnswer { oif: 5, hop: dst })),
+            "a link route: the destination is the next hop"
+        );
+        let local = reply(9, 2, &[(RTA_OIF, &1u32.to_ne_bytes())]);
+        assert_eq!(
+            parse_route_reply(&local, 9, dst),
+            Ok(None),
+            "this host's address"
+        );
+        let mut unreachable = vec![0u8; 36];
+        unreachable[0..4].copy_from_slice(&36u32.to_ne_bytes());
+        unreachable[4..6].copy_from_slice(&NLMSG_ERROR.to_ne_bytes());
+        unreachable[8..12].copy_from_slice(&9u32.to_ne_bytes());
+        unreachable[16..20].copy_from_slice(&(-libc::ENETUNREACH).to_ne_bytes());
+        assert_eq!(parse_route_reply(&unreachable, 9, dst), Ok(None));
+        assert_eq!(
+            parse_route_reply(&via, 8, dst),
+            Err(()),
+            "another request's"
+        );
+        assert_eq!(parse_route_reply(&via[..20], 9, dst), Err(()), "cut short");
+        let mut bad = via.clone();
+        bad[28..30].copy_from_slice(&200u16.to_ne_bytes());
+        assert_eq!(
+            parse_route_reply(&bad, 9, dst),
+            Err(()),
+            "an attribute longer than the message"
+        );
+        bad[28..30].copy_from_slice(&2u16.to_ne_bytes());
+        assert_eq!(
+            parse_route_reply(&bad, 9, dst),
+            Err(()),
+            "an attribute shorter than its header"
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_route_reply_parses_or_is_refused(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200),
+        ) {
+            let _ = parse_route_reply(&bytes, 1, Ipv4Addr::new(10, 0, 0, 1));
+        }
+    }
+
+    /// The kernel answers for this host's own address with a local route: none to send on.
+    #[test]
+    fn the_kernel_routes_this_hosts_own_address_locally() {
+        let lo = ip("127.0.0.1");
+        assert_eq!(route_get(lo, lo).unwrap(), None);
     }
 
     #[test]
