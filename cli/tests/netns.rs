@@ -830,7 +830,7 @@ fn the_xdp_datapath_repairs_real_loss_through_a_router() {
 fn the_xdp_datapath_follows_policy_routing() {
     let _one_at_a_time = serial();
     let h = Hosts::routed();
-    let gw = h.server.replace(".2", ".254");
+    let gw = format!("{}.254", h.server.rsplit_once('.').unwrap().0);
     for args in [
         &["route", "del", "default"][..],
         &["route", "add", "default", "via", &gw, "table", "100"],
