@@ -790,9 +790,10 @@ fn the_xdp_datapath_repairs_real_loss_through_a_router() {
         dropped * 100 >= packets,
         "only {dropped} datagrams dropped of about {packets} sent"
     );
-    // Each data datagram dropped is sent again about once (a few of the drops are ACKs).
+    // Each data datagram dropped is sent again about once (a few of the drops are ACKs), with
+    // the slack of the loss test through the sockets for a busy host.
     assert!(
-        retx * 10 >= dropped * 7 && retx <= dropped + 20,
+        retx * 10 >= dropped * 7 && retx * 10 <= dropped * 11 + 100,
         "{retx} retransmissions for {dropped} datagrams dropped"
     );
     let rx = server_device_counter(&p, "rx_packets");
