@@ -138,14 +138,16 @@ impl Hosts {
             let gw = r_ip.split('/').next().unwrap().to_string();
             sh(&["ip", "-n", end, "route", "add", "default", "via", &gw]);
         }
+        // Forwarding on in the router's namespace (through its /proc/sys, as sysctl(8) would:
+        // procps is not among what scripts/test.sh installs).
         sh(&[
             "ip",
             "netns",
             "exec",
             &r,
-            "sysctl",
-            "-qw",
-            "net.ipv4.ip_forward=1",
+            "sh",
+            "-c",
+            "echo 1 > /proc/sys/net/ipv4/ip_forward",
         ]);
         h
     }
