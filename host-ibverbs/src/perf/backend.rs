@@ -773,15 +773,6 @@ mod tests {
         }
     }
 
-    /// Times the calling thread gave the CPU up of its own accord (it slept).
-    fn voluntary_switches() -> i64 {
-        // SAFETY: all-zero bytes are a valid `rusage` (integers and timevals).
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: `ru` is a valid, writable rusage for the call.
-        assert_eq!(unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) }, 0);
-        ru.ru_nvcsw
-    }
-
     /// A bandwidth test's idle poll spins for its budget while the CPU is free (one round of
     /// the engine, no sleep), and sleeps at once (until a datagram, or the wait's millisecond)
     /// while the thread waits for a CPU. Judged by the engine's rounds and the time a sleep
@@ -805,9 +796,12 @@ mod tests {
             u.cpu_wait.borrow_mut().force(contended);
             u.idle_since.set(None);
             let rounds = u.ctx.counters().rounds;
-            let (sw, t) = (voluntary_switches(), std::time::Instant::now());
+            let (sw, t) = (
+                crate::udp::cpu_wait::voluntary_switches(),
+                std::time::Instant::now(),
+            );
             assert_eq!(ep.poll(&mut wcs, 16).unwrap(), 0);
-            let (slept, took) = (voluntary_switches() - sw, t.elapsed());
+            let (slept, took) = (crate::udp::cpu_wait::voluntary_switches() - sw, t.elapsed());
             let rounds = u.ctx.counters().rounds - rounds;
             let seen = format!("{rounds} rounds, {slept} voluntary switches, {took:?}");
             if contended {

@@ -142,6 +142,18 @@ impl CpuWait {
     }
 }
 
+/// Times the calling thread gave the CPU up of its own accord (it blocked: a sleep, a wait),
+/// for the tests of what a loop does when it waits.
+#[cfg(test)]
+pub(crate) fn voluntary_switches() -> i64 {
+    // SAFETY: all-zero bytes are a valid `rusage` (integers and timevals).
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage for the call.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    assert_eq!(rc, 0);
+    ru.ru_nvcsw
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -705,25 +705,19 @@ fn thread_cpu() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
-/// Times the calling thread gave the CPU up of its own accord (it blocked: a sleep, a wait).
-fn thread_voluntary_switches() -> i64 {
-    // SAFETY: all-zero bytes are a valid `rusage` (integers and timevals).
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is a valid, writable rusage for the call.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-    assert_eq!(rc, 0);
-    ru.ru_nvcsw
-}
-
 #[test]
 fn an_idle_wait_sleeps_unless_busy_polling() {
     for busy in [false, true] {
         let s = side_with(|c| c.busy_poll = busy);
         let rounds0 = s.ctx.counters().rounds;
-        let (cpu0, sw0, t0) = (thread_cpu(), thread_voluntary_switches(), Instant::now());
+        let (cpu0, sw0, t0) = (
+            thread_cpu(),
+            super::cpu_wait::voluntary_switches(),
+            Instant::now(),
+        );
         assert!(s.cq.wait(Duration::from_millis(200)).is_none());
         let (cpu, wall) = (thread_cpu() - cpu0, t0.elapsed());
-        let sleeps = thread_voluntary_switches() - sw0;
+        let sleeps = super::cpu_wait::voluntary_switches() - sw0;
         let rounds = s.ctx.counters().rounds - rounds0;
         assert!(wall >= Duration::from_millis(200), "{wall:?}");
         // Whether the thread blocked and how often the engine ran, not how much CPU the
