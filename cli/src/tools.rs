@@ -197,7 +197,8 @@ pub struct PerfArgs {
     /// UDP transport: send and receive through an AF_XDP socket on the interface of the local
     /// address (copy mode), not the kernel's UDP stack: arrivals are read without a system call
     /// (a shorter round trip), each datagram a frame of its own (less bulk than GSO and GRO).
-    /// IPv4, one receive queue, XDP in the interface's driver (a veth), root; a peer on this
+    /// IPv4, XDP in the interface's driver (a veth), root; a socket on each receive queue (up to
+    /// 64; sends leave by queue 0); a peer on this
     /// host or not yet in the neighbour table goes through the socket. The wire is the same: the
     /// peer need not use it. Keeps the ICRC (no --no-icrc)
     #[arg(long)]

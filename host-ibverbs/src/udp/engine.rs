@@ -274,6 +274,8 @@ impl Engine {
             c.xdp_tx_frames = x.counters.tx_frames;
             c.xdp_tx_kicks = x.counters.tx_kicks;
             c.xdp_tx_no_room = x.counters.tx_no_room;
+            c.xdp_queues = x.queues() as u64;
+            c.xdp_rx_queues_used = x.queues_used() as u64;
             c.tx_errors += x.counters.tx_errors;
         }
         c
@@ -393,12 +395,18 @@ impl Engine {
         busy
     }
 
-    /// Sleeps until a datagram waits on the UDP socket or the AF_XDP socket, or `timeout_ns`
+    /// Sleeps until a datagram waits on the UDP socket or an AF_XDP socket, or `timeout_ns`
     /// passes; whether one waits.
     fn wait_readable(&self, timeout_ns: u64) -> bool {
         let ready = match &self.xdp {
             Some(x) => {
-                super::socket::wait_readable_fds(&[self.rx.raw_fd(), x.raw_fd()], timeout_ns)
+                let mut fds = [self.rx.raw_fd(); 1 + super::xdp::MAX_QUEUES];
+                let mut n = 1;
+                for (slot, fd) in fds[1..].iter_mut().zip(x.raw_fds()) {
+                    *slot = fd;
+                    n += 1;
+                }
+                super::socket::wait_readable_fds(&fds[..n], timeout_ns)
             }
             None => self.rx.wait_readable_ns(timeout_ns),
         };

@@ -97,9 +97,9 @@ pub struct DeviceConfig {
     /// The sockets' priority (`SO_PRIORITY`, 0 to 6; on a VLAN the PCP the interface maps it
     /// to): the UDP transport's counterpart of a RoCE service level (`-S`).
     pub priority: u8,
-    /// Send and receive through an AF_XDP socket on the interface of `local_ip` ([`xdp`]):
-    /// arrivals read without a system call. IPv4, an interface with one receive queue and XDP in
-    /// its driver, root.
+    /// Send and receive through AF_XDP sockets on the interface of `local_ip` ([`xdp`]), one on
+    /// each of its receive queues (up to 64): arrivals read without a system call. IPv4, XDP in
+    /// the interface's driver, root.
     pub xdp: bool,
 }
 

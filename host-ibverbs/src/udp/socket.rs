@@ -721,14 +721,14 @@ impl UdpSocket {
     }
 }
 
-/// Sleeps until one of `fds` is readable or `timeout_ns` passes (a signal ends it early);
-/// whether one is.
+/// Sleeps until one of `fds` (the first 65) is readable or `timeout_ns` passes (a signal ends it
+/// early); whether one is.
 pub fn wait_readable_fds(fds: &[std::os::fd::RawFd], timeout_ns: u64) -> io::Result<bool> {
     let mut pfds = [libc::pollfd {
         fd: -1,
         events: libc::POLLIN,
         revents: 0,
-    }; 4];
+    }; 1 + super::xdp::MAX_QUEUES];
     let n = fds.len().min(pfds.len());
     for (p, &fd) in pfds.iter_mut().zip(&fds[..n]) {
         p.fd = fd;

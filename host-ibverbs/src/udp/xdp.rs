@@ -1,6 +1,7 @@
 //! The AF_XDP datapath (`DeviceConfig::xdp`, the tools' `--xdp`): the engine's datagrams leave
-//! and arrive as raw Ethernet frames through an AF_XDP socket in copy mode on queue 0 of the
-//! interface that holds the local address, instead of through the kernel's UDP stack.
+//! and arrive as raw Ethernet frames through AF_XDP sockets in copy mode, one on each receive
+//! queue of the interface that holds the local address, instead of through the kernel's UDP
+//! stack.
 //!
 //! - **Arrivals** are read from the socket's RX ring in user space, without a system call: a
 //!   spinning end notices a datagram as soon as the kernel has copied it in (in the softirq that
@@ -8,16 +9,20 @@
 //!   engine's port (not fragments, no IP options) and passes everything else to the kernel's
 //!   stack as before (ARP, the connection exchange, other ports); the engine still reads its UDP
 //!   socket now and then for what comes that way (another interface, this host, fragments).
+//!   Each receive queue has a socket of its own (the program hands a frame to the socket of the
+//!   queue it arrived on, as the NIC's RSS spread them), up to [`MAX_QUEUES`]; a frame on a queue
+//!   beyond those goes to the stack, and through the UDP socket.
 //! - **Departures** are written into frame buffers with their Ethernet, IPv4 and UDP headers
 //!   (UDP checksum computed, ECT(0) and the traffic class's DSCP, DF) and sent with one `sendto`
-//!   per flush (copy mode: the kernel copies each into a buffer of its own and transmits it). The
+//!   per flush (copy mode: the kernel copies each into a buffer of its own and transmits it),
+//!   through queue 0's socket. The
 //!   next hop's MAC comes from the kernel's route for it (asked over netlink, as `ip route get`
 //!   does: policy rules and every table count; `/proc/net/route`'s main table where netlink does
 //!   not answer) and its neighbour table (`/proc/net/arp`); a datagram to an address without one yet (never resolved, or this host)
 //!   goes through the UDP socket as without XDP, which also makes the kernel resolve it.
 //!
-//! The wire is the same either way: an end with `--xdp` talks to one without. Limits: IPv4; an
-//! interface with one receive queue (a veth pair, a NIC set to one channel); frames of at most
+//! The wire is the same either way: an end with `--xdp` talks to one without. Limits: IPv4;
+//! sends leave by queue 0 only; frames of at most
 //! [`CHUNK`] bytes (an MTU up to 3.5 KB or so, which XDP in a veth's driver also needs); no
 //! kernel arrival times (arrivals are dated when read, which a spinning end does at once); the
 //! XDP program is detached when the device closes (a BPF link). Frames leave without the
@@ -37,8 +42,11 @@ use transport_core::wire::{EtherType, EthernetRepr, IpRepr, Ipv4Repr, MacAddr, U
 
 /// Bytes of each frame buffer: the largest frame the datapath sends or takes.
 pub const CHUNK: usize = 4096;
-/// Frame buffers: the first half is lent to the kernel for arrivals, the second sends.
+/// Frame buffers of queue 0's socket: the first half is lent to the kernel for arrivals, the
+/// second sends.
 const FRAMES: usize = 4096;
+/// Receive queues with a socket of their own at most (frames on a queue beyond go to the stack).
+pub const MAX_QUEUES: usize = 64;
 /// Entries in each of the four rings.
 const RING: u32 = 4096;
 /// Ethernet (untagged), IPv4 without options and UDP headers.
@@ -137,8 +145,8 @@ struct Umem {
 
 impl Drop for Umem {
     fn drop(&mut self) {
-        // SAFETY: unmaps the anonymous mapping made in `Xdp::open`, after the socket that used it
-        // (field order in `Xdp`).
+        // SAFETY: unmaps the anonymous mapping made in `Queue::open`, after the socket that used
+        // it (field order in `Queue`).
         unsafe { libc::munmap(self.base.cast(), self.len) };
     }
 }
@@ -309,13 +317,13 @@ fn interface_of(ip: Ipv4Addr) -> io::Result<(String, u32)> {
     Ok((name, index))
 }
 
-/// The MAC of interface `dev` (`SIOCGIFHWADDR`: the caller's network namespace, whatever
-/// `/sys` shows).
-fn hardware_address(dev: &str) -> io::Result<MacAddr> {
+/// A socket for an interface request in the caller's network namespace, and a request naming
+/// interface `dev`.
+fn interface_request(dev: &str) -> io::Result<(OwnedFd, libc::ifreq)> {
     // SAFETY: plain socket creation; the result is checked and owned below.
     let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if raw < 0 {
-        return Err(os_err("socket for SIOCGIFHWADDR"));
+        return Err(os_err("socket for an interface request"));
     }
     // SAFETY: a new descriptor owned by nothing else.
     let s = unsafe { OwnedFd::from_raw_fd(raw) };
@@ -330,6 +338,42 @@ fn hardware_address(dev: &str) -> io::Result<MacAddr> {
     for (d, b) in ifr.ifr_name.iter_mut().zip(dev.bytes()) {
         *d = b as libc::c_char;
     }
+    Ok((s, ifr))
+}
+
+/// The receive queues of interface `dev`: its receive and combined channels as its driver
+/// reports them (`ETHTOOL_GCHANNELS`, in the caller's network namespace), else the `rx-*`
+/// entries of `/sys/class/net/<dev>/queues` (the namespace `/sys` was mounted in), else one.
+fn receive_queues(dev: &str) -> usize {
+    let channels = || -> Option<usize> {
+        let (s, mut ifr) = interface_request(dev).ok()?;
+        // struct ethtool_channels: cmd, then max rx, tx, other, combined, then the counts of
+        // rx, tx, other and combined channels.
+        let mut ch = [0u32; 9];
+        ch[0] = 0x3c; // ETHTOOL_GCHANNELS
+        ifr.ifr_ifru.ifru_data = ch.as_mut_ptr().cast();
+        // SAFETY: `ifr` names the interface and points at `ch`, a live, writable
+        // ethtool_channels, which SIOCETHTOOL fills.
+        let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCETHTOOL, &mut ifr) };
+        let n = (ch[5] + ch[8]) as usize;
+        (r == 0 && n > 0).then_some(n)
+    };
+    channels()
+        .or_else(|| {
+            let d = std::fs::read_dir(format!("/sys/class/net/{dev}/queues")).ok()?;
+            let n = d
+                .filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+                .count();
+            (n > 0).then_some(n)
+        })
+        .unwrap_or(1)
+}
+
+/// The MAC of interface `dev` (`SIOCGIFHWADDR`: the caller's network namespace, whatever
+/// `/sys` shows).
+fn hardware_address(dev: &str) -> io::Result<MacAddr> {
+    let (s, mut ifr) = interface_request(dev)?;
     // SAFETY: `ifr` is a live ifreq naming the interface (NUL-terminated: zeroed past the
     // name); SIOCGIFHWADDR fills its hardware address.
     if unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCGIFHWADDR, &mut ifr) } != 0 {
@@ -694,19 +738,18 @@ pub struct XdpCounters {
     pub tx_errors: u64,
 }
 
-/// An AF_XDP socket with its frame memory, rings and XDP program (see the module's text).
+/// The AF_XDP sockets of an interface's receive queues, their frame memory and rings, and the
+/// XDP program (see the module's text).
 pub struct Xdp {
-    // Field order is drop order: the link (detaching the program) and the program first, the
-    // socket, then the rings and the memory it used.
+    // Field order is drop order: the link (detaching the program) and the program first, then
+    // the sockets (each before its rings and memory).
     _link: OwnedFd,
     _prog: OwnedFd,
     _map: OwnedFd,
-    fd: OwnedFd,
-    rx: Ring,
-    tx: Ring,
-    fill: Ring,
-    comp: Ring,
-    umem: Umem,
+    /// Queue 0's first (it sends too), then the others in order.
+    queues: Vec<Queue>,
+    /// The queue whose ring is read first next time (arrivals on every queue get their turn).
+    next_rx: usize,
     /// Send buffers neither in the TX ring nor awaiting their completion.
     free_tx: Vec<u64>,
     /// Frames in the TX ring the kernel has not taken yet.
@@ -723,28 +766,34 @@ pub struct Xdp {
     pub counters: XdpCounters,
 }
 
-impl Xdp {
-    /// Opens the datapath on the interface holding `local`'s address, for datagrams to its
-    /// port, sending with DSCP `dscp` and ECT(0).
-    pub fn open(local: SocketAddrV4, dscp: u8) -> io::Result<Xdp> {
-        let (dev, index) = interface_of(*local.ip())?;
-        let queues = std::fs::read_dir(format!("/sys/class/net/{dev}/queues"))
-            .map(|d| {
-                d.filter_map(Result::ok)
-                    .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
-                    .count()
-            })
-            .unwrap_or(1);
-        if queues != 1 {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!(
-                    "{dev} has {queues} receive queues: the AF_XDP datapath takes queue 0 only \
-                     (set one channel with `ethtool -L {dev} combined 1`)"
-                ),
-            ));
-        }
-        let mac = hardware_address(&dev)?;
+/// One AF_XDP socket, bound to one receive queue, with its own frame memory and rings.
+struct Queue {
+    // Field order is drop order: the socket before the rings and the memory it used.
+    fd: OwnedFd,
+    rx: Ring,
+    /// Queue 0's socket only: the datapath sends through it.
+    tx: Option<Ring>,
+    fill: Ring,
+    comp: Ring,
+    umem: Umem,
+    /// Receive buffers: the first `rx_frames` chunks of the memory (queue 0 sends from the rest).
+    rx_frames: usize,
+    /// Datagrams it handed over.
+    handed: u64,
+}
+
+impl Queue {
+    /// A socket on receive queue `queue` of interface `index` (`dev`), with `frames` buffers of
+    /// which the first `rx_frames` are lent to the kernel for arrivals; a TX ring when `send`.
+    fn open(
+        dev: &str,
+        index: u32,
+        queue: u32,
+        frames: usize,
+        rx_frames: usize,
+        send: bool,
+    ) -> io::Result<Queue> {
+        debug_assert!(rx_frames <= frames && rx_frames <= RING as usize);
         // SAFETY: plain socket creation; the result is checked.
         let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
         if raw < 0 {
@@ -752,7 +801,7 @@ impl Xdp {
         }
         // SAFETY: a new descriptor owned by nothing else.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let len = FRAMES * CHUNK;
+        let len = frames * CHUNK;
         // SAFETY: a fresh anonymous mapping, checked; unmapped by `Umem`'s drop.
         let base = unsafe {
             libc::mmap(
@@ -785,12 +834,15 @@ impl Xdp {
             &reg,
             "register the AF_XDP frame memory",
         )?;
-        for name in [
+        let mut rings = vec![
             libc::XDP_UMEM_FILL_RING,
             libc::XDP_UMEM_COMPLETION_RING,
             libc::XDP_RX_RING,
-            libc::XDP_TX_RING,
-        ] {
+        ];
+        if send {
+            rings.push(libc::XDP_TX_RING);
+        }
+        for name in rings {
             set_xdp_opt(raw, name, &(RING as i32), "size an AF_XDP ring")?;
         }
         // SAFETY: all-zero is a valid xdp_mmap_offsets; the kernel fills it in.
@@ -811,21 +863,28 @@ impl Xdp {
         }
         let desc = size_of::<libc::xdp_desc>();
         let rx = Ring::map(raw, &off.rx, libc::XDP_PGOFF_RX_RING as u64, desc)?;
-        let tx = Ring::map(raw, &off.tx, libc::XDP_PGOFF_TX_RING as u64, desc)?;
+        let tx = match send {
+            true => Some(Ring::map(
+                raw,
+                &off.tx,
+                libc::XDP_PGOFF_TX_RING as u64,
+                desc,
+            )?),
+            false => None,
+        };
         let fill = Ring::map(raw, &off.fr, libc::XDP_UMEM_PGOFF_FILL_RING, 8)?;
         let comp = Ring::map(raw, &off.cr, libc::XDP_UMEM_PGOFF_COMPLETION_RING, 8)?;
-        for i in 0..FRAMES / 2 {
+        for i in 0..rx_frames {
             // SAFETY: a slot of the fill ring, which only this end produces into (it has room
-            // for every receive buffer: RING >= FRAMES / 2).
+            // for every receive buffer: RING >= rx_frames).
             unsafe { *fill.slot::<u64>(i as u32) = (i * CHUNK) as u64 };
         }
-        fill.producer()
-            .store((FRAMES / 2) as u32, Ordering::Release);
+        fill.producer().store(rx_frames as u32, Ordering::Release);
         let sa = libc::sockaddr_xdp {
             sxdp_family: libc::AF_XDP as u16,
             sxdp_flags: libc::XDP_COPY,
             sxdp_ifindex: index,
-            sxdp_queue_id: 0,
+            sxdp_queue_id: queue,
             sxdp_shared_umem_fd: 0,
         };
         // The queue is free once the socket that held it before (this process's last device, a
@@ -849,27 +908,117 @@ impl Xdp {
                 return Err(io::Error::new(
                     e.kind(),
                     format!(
-                        "bind an AF_XDP socket to queue 0 of {dev} (another one holds it?): {e}"
+                        "bind an AF_XDP socket to queue {queue} of {dev} (another one holds \
+                         it?): {e}"
                     ),
                 ));
             }
             std::thread::sleep(Duration::from_millis(2));
         }
+        Ok(Queue {
+            fd,
+            rx,
+            tx,
+            fill,
+            comp,
+            umem,
+            rx_frames,
+            handed: 0,
+        })
+    }
+
+    /// Frames waiting in the RX ring.
+    fn pending(&self) -> bool {
+        self.rx.producer().load(Ordering::Acquire) != self.rx.consumer().load(Ordering::Relaxed)
+    }
+
+    /// As [`Xdp::receive`], from this queue's ring.
+    fn receive(
+        &mut self,
+        max: usize,
+        local: SocketAddrV4,
+        counters: &mut XdpCounters,
+        f: &mut dyn FnMut(RecvMeta, &[u8]),
+    ) -> usize {
+        let prod = self.rx.producer().load(Ordering::Acquire);
+        let mut cons = self.rx.consumer().load(Ordering::Relaxed);
+        let mut fill = self.fill.producer().load(Ordering::Relaxed);
+        let mut handed = 0;
+        while cons != prod && handed < max {
+            // SAFETY: an RX slot the kernel produced (before `prod`).
+            let d = unsafe { *self.rx.slot::<libc::xdp_desc>(cons) };
+            cons = cons.wrapping_add(1);
+            let (addr, len) = (d.addr as usize, d.len as usize);
+            // The kernel gives buffers it was lent, in the receive part; checked anyway (a
+            // buffer outside it is not lent again either).
+            if addr + len > self.rx_frames * CHUNK || len > CHUNK {
+                counters.rx_dropped += 1;
+                continue;
+            }
+            // SAFETY: inside the receive part of the frame memory (checked), a buffer the
+            // kernel has handed over and takes back only from the fill ring, below.
+            let frame = unsafe { std::slice::from_raw_parts(self.umem.base.add(addr), len) };
+            match parse_frame(frame, local) {
+                Some((meta, payload)) => {
+                    counters.rx_frames += 1;
+                    handed += 1;
+                    f(meta, payload);
+                }
+                None => counters.rx_dropped += 1,
+            }
+            // SAFETY: a fill slot: every receive buffer is either in the fill ring, in the RX
+            // ring or here, so the fill ring (RING >= rx_frames slots) has room for it.
+            unsafe { *self.fill.slot::<u64>(fill) = (addr - addr % CHUNK) as u64 };
+            fill = fill.wrapping_add(1);
+        }
+        self.rx.consumer().store(cons, Ordering::Release);
+        self.fill.producer().store(fill, Ordering::Release);
+        self.handed += handed as u64;
+        handed
+    }
+}
+
+/// Receive buffers of each socket after queue 0's when the interface has `queues` receive
+/// queues: as many as queue 0 has for two, fewer for more (a NIC with 64 queues takes 64 MiB).
+fn other_queue_frames(queues: usize) -> usize {
+    (FRAMES / queues.max(1)).clamp(256, FRAMES / 2)
+}
+
+impl Xdp {
+    /// Opens the datapath on the interface holding `local`'s address, for datagrams to its
+    /// port, sending with DSCP `dscp` and ECT(0): a socket on each of its receive queues (up to
+    /// [`MAX_QUEUES`]).
+    pub fn open(local: SocketAddrV4, dscp: u8) -> io::Result<Xdp> {
+        let (dev, index) = interface_of(*local.ip())?;
+        let queues = receive_queues(&dev).clamp(1, MAX_QUEUES);
+        let mac = hardware_address(&dev)?;
+        let mut socks = vec![Queue::open(&dev, index, 0, FRAMES, FRAMES / 2, true)?];
+        let others = other_queue_frames(queues);
+        for q in 1..queues {
+            socks.push(Queue::open(&dev, index, q as u32, others, others, false)?);
+        }
         let map = bpf_fd(0, |a| {
             put32(a, 0, 17); // BPF_MAP_CREATE: BPF_MAP_TYPE_XSKMAP
             put32(a, 4, 4);
             put32(a, 8, 4);
-            put32(a, 12, 1);
+            put32(a, 12, socks.len() as u32);
         })
         .map_err(|e| io::Error::new(e.kind(), format!("create the XSKMAP: {e}")))?;
-        let (key, value) = (0u32, raw as u32);
-        bpf(2, |a| {
-            // BPF_MAP_UPDATE_ELEM
-            put32(a, 0, map.as_raw_fd() as u32);
-            put64(a, 8, &key as *const u32 as u64);
-            put64(a, 16, &value as *const u32 as u64);
-        })
-        .map_err(|e| io::Error::new(e.kind(), format!("put the socket in the XSKMAP: {e}")))?;
+        for (key, q) in socks.iter().enumerate() {
+            let (key, value) = (key as u32, q.fd.as_raw_fd() as u32);
+            bpf(2, |a| {
+                // BPF_MAP_UPDATE_ELEM
+                put32(a, 0, map.as_raw_fd() as u32);
+                put64(a, 8, &key as *const u32 as u64);
+                put64(a, 16, &value as *const u32 as u64);
+            })
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("put queue {key}'s socket in the XSKMAP: {e}"),
+                )
+            })?;
+        }
         let code = program(map.as_raw_fd(), local);
         let license = c"GPL";
         let mut log = vec![0u8; 16384];
@@ -912,12 +1061,8 @@ impl Xdp {
             _link: link,
             _prog: prog,
             _map: map,
-            fd,
-            rx,
-            tx,
-            fill,
-            comp,
-            umem,
+            queues: socks,
+            next_rx: 0,
             free_tx: (FRAMES / 2..FRAMES).map(|i| (i * CHUNK) as u64).collect(),
             unsent: false,
             dev,
@@ -930,22 +1075,38 @@ impl Xdp {
         })
     }
 
-    /// Runs the datapath's XDP program, as the kernel verified it, on `frame`
-    /// (`BPF_PROG_TEST_RUN`, queue 0) and returns its verdict: 2 (`XDP_PASS`) for a frame the
-    /// kernel's stack keeps, 4 (`XDP_REDIRECT`) for one this socket takes.
-    pub fn test_run(&self, frame: &[u8]) -> io::Result<u32> {
+    /// Runs the datapath's XDP program, as the kernel verified it, on `frame` as if it had
+    /// arrived on receive queue `queue` of the interface (`BPF_PROG_TEST_RUN`) and returns its
+    /// verdict: 2 (`XDP_PASS`) for a frame the kernel's stack keeps, 4 (`XDP_REDIRECT`) for one
+    /// a socket of the datapath takes.
+    pub fn test_run(&self, frame: &[u8], queue: u32) -> io::Result<u32> {
+        // struct xdp_md: data, data_end, data_meta, ingress_ifindex, rx_queue_index,
+        // egress_ifindex (the kernel wants the frame from offset 0 to its end, no metadata).
+        let md = [0, frame.len() as u32, 0, self.index, queue, 0];
         let mut a = [0u8; 128];
         put32(&mut a, 0, self._prog.as_raw_fd() as u32);
         put32(&mut a, 8, frame.len() as u32);
         put64(&mut a, 16, frame.as_ptr() as u64);
         put32(&mut a, 32, 1); // repeat
+        put32(&mut a, 40, size_of_val(&md) as u32); // ctx_size_in
+        put64(&mut a, 48, md.as_ptr() as u64); // ctx_in
         bpf_attr(10, &mut a)?; // BPF_PROG_TEST_RUN
         Ok(u32::from_ne_bytes([a[4], a[5], a[6], a[7]]))
     }
 
-    /// The socket, to sleep on (POLLIN when the RX ring holds frames).
-    pub fn raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+    /// The sockets, to sleep on (POLLIN when an RX ring holds frames).
+    pub fn raw_fds(&self) -> impl Iterator<Item = RawFd> + '_ {
+        self.queues.iter().map(|q| q.fd.as_raw_fd())
+    }
+
+    /// The receive queues with a socket.
+    pub fn queues(&self) -> usize {
+        self.queues.len()
+    }
+
+    /// The receive queues whose socket has handed over a datagram.
+    pub fn queues_used(&self) -> usize {
+        self.queues.iter().filter(|q| q.handed > 0).count()
     }
 
     /// The interface the datapath runs on.
@@ -989,17 +1150,18 @@ impl Xdp {
 
     /// Takes back the send buffers the kernel is done with.
     fn reap(&mut self) {
-        let prod = self.comp.producer().load(Ordering::Acquire);
-        let mut cons = self.comp.consumer().load(Ordering::Relaxed);
+        let comp = &self.queues[0].comp;
+        let prod = comp.producer().load(Ordering::Acquire);
+        let mut cons = comp.consumer().load(Ordering::Relaxed);
         while cons != prod {
             // SAFETY: a completion slot the kernel produced (before `prod`).
-            let addr = unsafe { *self.comp.slot::<u64>(cons) };
+            let addr = unsafe { *comp.slot::<u64>(cons) };
             if (addr as usize) >= FRAMES / 2 * CHUNK && (addr as usize) < FRAMES * CHUNK {
                 self.free_tx.push(addr - addr % CHUNK as u64);
             }
             cons = cons.wrapping_add(1);
         }
-        self.comp.consumer().store(cons, Ordering::Release);
+        comp.consumer().store(cons, Ordering::Release);
     }
 
     /// A send buffer, reaping completions (and sending what waits) when none is free.
@@ -1036,7 +1198,9 @@ impl Xdp {
         };
         // SAFETY: `buf` is a send buffer of CHUNK bytes inside the frame memory, owned by this
         // end (off the rings) until it is queued below.
-        let f = unsafe { std::slice::from_raw_parts_mut(self.umem.base.add(buf as usize), CHUNK) };
+        let f = unsafe {
+            std::slice::from_raw_parts_mut(self.queues[0].umem.base.add(buf as usize), CHUNK)
+        };
         let mut at = HEADERS;
         for p in pieces {
             let n = p.len().min(HEADERS + len - at);
@@ -1053,26 +1217,33 @@ impl Xdp {
             self.counters.tx_no_room += 1;
             return false;
         };
-        let prod = self.tx.producer().load(Ordering::Relaxed);
-        if prod.wrapping_sub(self.tx.consumer().load(Ordering::Acquire)) >= RING {
+        let full = |x: &Self| {
+            x.queues[0].tx.as_ref().is_none_or(|tx| {
+                let prod = tx.producer().load(Ordering::Relaxed);
+                prod.wrapping_sub(tx.consumer().load(Ordering::Acquire)) >= RING
+            })
+        };
+        if full(self) {
             self.kick();
-            if prod.wrapping_sub(self.tx.consumer().load(Ordering::Acquire)) >= RING {
+            if full(self) {
                 self.free_tx.push(buf);
                 self.counters.tx_no_room += 1;
                 return false;
             }
         }
+        let Some(tx) = self.queues[0].tx.as_ref() else {
+            return false;
+        };
+        let prod = tx.producer().load(Ordering::Relaxed);
         // SAFETY: a TX slot this end owns (the ring is not full, checked above).
         unsafe {
-            *self.tx.slot::<libc::xdp_desc>(prod) = libc::xdp_desc {
+            *tx.slot::<libc::xdp_desc>(prod) = libc::xdp_desc {
                 addr: buf,
                 len: total as u32,
                 options: 0,
             };
         }
-        self.tx
-            .producer()
-            .store(prod.wrapping_add(1), Ordering::Release);
+        tx.producer().store(prod.wrapping_add(1), Ordering::Release);
         self.unsent = true;
         self.counters.tx_frames += 1;
         true
@@ -1087,7 +1258,11 @@ impl Xdp {
             if !self.unsent {
                 break;
             }
-            let before = self.tx.consumer().load(Ordering::Acquire);
+            let q = &self.queues[0];
+            let Some(tx) = q.tx.as_ref() else {
+                break;
+            };
+            let before = tx.consumer().load(Ordering::Acquire);
             self.counters.tx_kicks += 1;
             // (syscall(2), not glibc's cancellable wrapper: see `UdpSocket::recv_batch`.)
             // SAFETY: a send of nothing on this socket: the kernel takes the frames from its
@@ -1095,7 +1270,7 @@ impl Xdp {
             let r = unsafe {
                 libc::syscall(
                     libc::SYS_sendto,
-                    self.fd.as_raw_fd(),
+                    q.fd.as_raw_fd(),
                     std::ptr::null::<u8>(),
                     0usize,
                     libc::MSG_DONTWAIT,
@@ -1104,8 +1279,8 @@ impl Xdp {
                 )
             };
             let err = (r < 0).then(io::Error::last_os_error);
-            let prod = self.tx.producer().load(Ordering::Relaxed);
-            let after = self.tx.consumer().load(Ordering::Acquire);
+            let prod = tx.producer().load(Ordering::Relaxed);
+            let after = tx.consumer().load(Ordering::Acquire);
             self.unsent = after != prod;
             match err.and_then(|e| e.raw_os_error()) {
                 // Busy or out of buffers: the frames stay in the ring for the next kick.
@@ -1124,47 +1299,26 @@ impl Xdp {
         self.unsent
     }
 
-    /// Frames waiting in the RX ring.
+    /// Frames waiting in an RX ring.
     pub fn pending(&self) -> bool {
-        self.rx.producer().load(Ordering::Acquire) != self.rx.consumer().load(Ordering::Relaxed)
+        self.queues.iter().any(Queue::pending)
     }
 
     /// Hands up to `max` arrivals to `f` (sender and ECN, UDP payload) and lends their buffers
     /// back to the kernel. Frames that are not IPv4 UDP to the local address and port are
-    /// dropped and counted. Returns the datagrams handed over.
+    /// dropped and counted. Returns the datagrams handed over. The queues' rings are read in
+    /// turn, each call starting after the queue the last one stopped at.
     pub fn receive(&mut self, max: usize, f: &mut dyn FnMut(RecvMeta, &[u8])) -> usize {
-        let prod = self.rx.producer().load(Ordering::Acquire);
-        let mut cons = self.rx.consumer().load(Ordering::Relaxed);
-        let mut fill = self.fill.producer().load(Ordering::Relaxed);
+        let n = self.queues.len();
         let mut handed = 0;
-        while cons != prod && handed < max {
-            // SAFETY: an RX slot the kernel produced (before `prod`).
-            let d = unsafe { *self.rx.slot::<libc::xdp_desc>(cons) };
-            cons = cons.wrapping_add(1);
-            let (addr, len) = (d.addr as usize, d.len as usize);
-            // The kernel gives buffers it was lent, in the receive half; checked anyway.
-            if addr + len > FRAMES / 2 * CHUNK || len > CHUNK {
-                self.counters.rx_dropped += 1;
-                continue;
+        for k in 0..n {
+            let i = (self.next_rx + k) % n;
+            handed += self.queues[i].receive(max - handed, self.local, &mut self.counters, f);
+            if handed >= max {
+                self.next_rx = (i + 1) % n;
+                break;
             }
-            // SAFETY: inside the receive half of the frame memory (checked), a buffer the
-            // kernel has handed over and takes back only from the fill ring, below.
-            let frame = unsafe { std::slice::from_raw_parts(self.umem.base.add(addr), len) };
-            match parse_frame(frame, self.local) {
-                Some((meta, payload)) => {
-                    self.counters.rx_frames += 1;
-                    handed += 1;
-                    f(meta, payload);
-                }
-                None => self.counters.rx_dropped += 1,
-            }
-            // SAFETY: a fill slot: every receive buffer is either in the fill ring, in the RX
-            // ring or here, so the fill ring (RING >= FRAMES / 2 slots) has room for it.
-            unsafe { *self.fill.slot::<u64>(fill) = (addr - addr % CHUNK) as u64 };
-            fill = fill.wrapping_add(1);
         }
-        self.rx.consumer().store(cons, Ordering::Release);
-        self.fill.producer().store(fill, Ordering::Release);
         handed
     }
 }
@@ -1474,8 +1628,28 @@ mod tests {
         }
         sh(&["ip", "netns", "add", &ns]);
         let _gone = Gone(ns.clone());
+        // Two receive queues (and two to send on, which XDP in a veth's driver wants of its
+        // peer).
         sh(&[
-            "ip", "-n", &ns, "link", "add", "xa", "type", "veth", "peer", "name", "xb",
+            "ip",
+            "-n",
+            &ns,
+            "link",
+            "add",
+            "xa",
+            "numtxqueues",
+            "2",
+            "numrxqueues",
+            "2",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "xb",
+            "numtxqueues",
+            "2",
+            "numrxqueues",
+            "2",
         ]);
         sh(&[
             "ip",
@@ -1497,6 +1671,7 @@ mod tests {
             // (An address whose last byte is 200: negative as a 32-bit immediate.)
             let local = SocketAddrV4::new(Ipv4Addr::new(10, 79, 5, 200), 4791);
             let x = Xdp::open(local, 0).expect("the AF_XDP datapath on a veth");
+            assert_eq!(x.queues(), 2, "a socket on each receive queue");
             let peer = SocketAddrV4::new(Ipv4Addr::new(10, 79, 5, 1), 50000);
             let mut ours = vec![0u8; HEADERS + 64];
             emit_headers(
@@ -1509,11 +1684,15 @@ mod tests {
                 64,
             )
             .unwrap();
-            let mut cases: Vec<(&str, Vec<u8>, u32)> = vec![("ours", ours.clone(), 4)];
+            let mut cases: Vec<(&str, Vec<u8>, u32, u32)> = vec![
+                ("ours on queue 0", ours.clone(), 0, 4),
+                ("ours on queue 1", ours.clone(), 1, 4),
+            ];
             let mut other = |what: &'static str, change: &dyn Fn(&mut Vec<u8>)| {
                 let mut f = ours.clone();
                 change(&mut f);
-                cases.push((what, f, 2));
+                cases.push((what, f.clone(), 0, 2));
+                cases.push((what, f, 1, 2));
             };
             other("another port", &|f| {
                 f[36..38].copy_from_slice(&4792u16.to_be_bytes())
@@ -1528,7 +1707,10 @@ mod tests {
             other("cut short", &|f| f.truncate(40));
             cases
                 .into_iter()
-                .map(|(what, f, want)| (what, x.test_run(&f).expect("test run"), want))
+                .map(|(what, f, queue, want)| {
+                    let got = x.test_run(&f, queue).expect("test run");
+                    (format!("{what}, queue {queue}"), got, want)
+                })
                 .collect::<Vec<_>>()
         })
         .join()

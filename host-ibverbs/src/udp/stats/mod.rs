@@ -94,6 +94,11 @@ engine_counters! {
     /// Datagrams sent through the UDP socket instead, their destination having no next-hop
     /// MAC in the kernel's tables yet (or being this host).
     xdp_tx_via_socket,
+    /// Receive queues of the interface with an AF_XDP socket of the datapath (one per queue, up
+    /// to 64).
+    xdp_queues,
+    /// Of those, the queues whose socket has handed over a datagram (how the NIC spread them).
+    xdp_rx_queues_used,
 }
 
 /// One queue pair's counters and paths.
