@@ -276,6 +276,7 @@ impl Engine {
             c.xdp_tx_no_room = x.counters.tx_no_room;
             c.xdp_queues = x.queues() as u64;
             c.xdp_rx_queues_used = x.queues_used() as u64;
+            c.xdp_rx_kernel_dropped = x.kernel_drops();
             c.tx_errors += x.counters.tx_errors;
         }
         c

@@ -1104,6 +1104,31 @@ impl Xdp {
         self.queues.len()
     }
 
+    /// Frames the kernel dropped on their way into the sockets' RX rings (`XDP_STATISTICS`: a
+    /// full RX ring, no free buffer in the fill ring, or another reason), over every queue. An
+    /// end that reads its rings too slowly loses frames here, where no other counter sees them.
+    pub fn kernel_drops(&self) -> u64 {
+        self.queues
+            .iter()
+            .filter_map(|q| {
+                // SAFETY: all-zero is a valid xdp_statistics; the kernel fills it in.
+                let mut st: libc::xdp_statistics = unsafe { std::mem::zeroed() };
+                let mut len = size_of::<libc::xdp_statistics>() as libc::socklen_t;
+                // SAFETY: `st` and `len` are live and writable, of the length passed.
+                let r = unsafe {
+                    libc::getsockopt(
+                        q.fd.as_raw_fd(),
+                        libc::SOL_XDP,
+                        libc::XDP_STATISTICS,
+                        (&mut st as *mut libc::xdp_statistics).cast(),
+                        &mut len,
+                    )
+                };
+                (r == 0).then(|| st.rx_dropped + st.rx_ring_full)
+            })
+            .sum()
+    }
+
     /// The receive queues whose socket has handed over a datagram.
     pub fn queues_used(&self) -> usize {
         self.queues.iter().filter(|q| q.handed > 0).count()

@@ -99,6 +99,9 @@ engine_counters! {
     xdp_queues,
     /// Of those, the queues whose socket has handed over a datagram (how the NIC spread them).
     xdp_rx_queues_used,
+    /// Frames for the datapath the kernel dropped before its RX rings (a ring full, no free
+    /// buffer: the end read too slowly), as the sockets' statistics count them.
+    xdp_rx_kernel_dropped,
 }
 
 /// One queue pair's counters and paths.
