@@ -178,3 +178,81 @@ proptest! {
         prop_assert!(c.retransmitted <= lost, "{} retransmissions for {} lost: {:?}", c.retransmitted, lost, c);
     }
 }
+
+/// What a path sends in the same instant as its tail probe, after the probe, did not leave
+/// before it: the probe's answer, which the peer sends before those packets arrive, must not
+/// declare them lost. (A runner stamps a whole round with one clock reading, so the time of
+/// departure cannot tell them apart; the path's sequence can.)
+#[test]
+fn what_leaves_with_a_tail_probe_is_not_lost_by_its_answer() {
+    let mut p = Pair::granting_writes(KEY);
+    p.a.conn
+        .post(p.now, common::write_at(1, 0, 8 * 1024, KEY))
+        .unwrap();
+    // Path 2's ACKs are lost until A probes its tail: its data arrive, A hears nothing of them.
+    let mut held = Vec::new();
+    let mut probed = false;
+    for _ in 0..10_000 {
+        p.transmit();
+        let wire = std::mem::take(&mut p.wire);
+        let probe = wire
+            .iter()
+            .position(|(to_b, _, d)| *to_b && probe_path(d) == Some(2));
+        if let Some(k) = probe {
+            // In the same instant, after the probe, A has more to send, on every path.
+            p.a.conn
+                .post(p.now, common::write_at(2, 8 * 1024, 8 * 1024, KEY))
+                .unwrap();
+            p.doorbell(true);
+            let after = std::mem::take(&mut p.wire);
+            // The probe arrives first; what left after it is delayed behind B's answer.
+            for (i, w) in wire.into_iter().enumerate() {
+                if i <= k || !w.0 {
+                    let _ = p.deliver(w.0, w.1, &w.2);
+                } else {
+                    held.push(w);
+                }
+            }
+            held.extend(after);
+            assert!(
+                held.iter()
+                    .any(|(to_b, _, d)| *to_b && data_path(d) == Some(2)),
+                "A sent data on path 2 after its probe, in the same instant"
+            );
+            // B answers the probe (an ACK echoing it, and the reply); A takes the answer.
+            p.transmit();
+            for w in std::mem::take(&mut p.wire) {
+                if w.0 {
+                    held.push(w);
+                } else {
+                    let _ = p.deliver(false, w.1, &w.2);
+                }
+            }
+            probed = true;
+            break;
+        }
+        for (to_b, port, d) in wire {
+            // (Path 2's ACKs to A are lost.)
+            if to_b || ack_path(&d) != Some(2) {
+                let _ = p.deliver(to_b, port, &d);
+            }
+        }
+        p.deliver_and_tick(&mut |_, _| false);
+    }
+    assert!(probed, "A never probed path 2's tail");
+    for (to_b, port, d) in held {
+        let _ = p.deliver(to_b, port, &d);
+    }
+    p.settle();
+    let done = |id| {
+        p.a.events
+            .iter()
+            .any(|e| matches!(e, Event::Completion(c) if c.id == id && c.status == Status::Success))
+    };
+    assert!(done(1) && done(2), "{:?}", p.a.events);
+    assert!(p.a.mem[..16 * 1024] == p.b.mem[..16 * 1024]);
+    let (a, b) = (*p.a.conn.counters(), *p.b.conn.counters());
+    // Nothing was lost: nothing is declared lost, nothing goes again, nothing arrives twice.
+    assert_eq!((a.lost_by_sack, a.retransmitted), (0, 0), "{a:?}");
+    assert_eq!(b.duplicates, 0, "{b:?}");
+}

@@ -295,12 +295,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let p = &mut self.paths[i];
         p.tail_probe_ts = None;
         p.tail_probe_tries = 0;
-        let (before, una, next) = (p.tail_probe_cut, p.una, p.next_seq);
+        // Up to the cut: a path's sequence numbers follow the order its transmissions left in.
+        let (cut, una) = (p.tail_probe_cut, p.una);
         let mut s = una;
-        while s != next {
-            let p = &self.paths[i];
+        while s.before(cut) {
             let slot = s.0 as usize % PATH_RING;
-            if p.ring_psn[slot] != NO_PSN && p.ring_sent[slot] <= before {
+            if self.paths[i].ring_psn[slot] != NO_PSN {
                 self.declare_lost(i, s, now);
             }
             s = s.add(1);

@@ -254,7 +254,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             tail_probe_pending: false,
             tail_probe_ts: None,
             tail_probe_at: Instant::ZERO,
-            tail_probe_cut: Instant::ZERO,
+            tail_probe_cut: PathSeq(0),
             tail_probe_tries: 0,
             timer_from: Instant::ZERO,
             stall_restarts: 0,

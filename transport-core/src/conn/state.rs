@@ -144,9 +144,11 @@ pub(super) struct TxPath {
     pub(super) tail_probe_ts: Option<u32>,
     /// When that tail probe left.
     pub(super) tail_probe_at: Instant,
-    /// When the first tail probe of this round left: what left before it and is unresolved when
-    /// the round ends is lost.
-    pub(super) tail_probe_cut: Instant,
+    /// The path's next sequence number when the first tail probe of this round left: what left
+    /// before it (a lower sequence number) and is unresolved when the round ends is lost. Not a
+    /// time: a runner stamps a whole round with one clock reading, and what leaves after the
+    /// probe in that round has the probe's time but did not leave before it.
+    pub(super) tail_probe_cut: PathSeq,
     /// Tail probes sent this round (a round ends with an answer, or with `TAIL_PROBE_TRIES`
     /// unanswered).
     pub(super) tail_probe_tries: u8,

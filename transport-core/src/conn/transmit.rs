@@ -267,7 +267,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 p.tail_probe_ts = Some(now.wire_timestamp());
                 p.tail_probe_at = now;
                 if p.tail_probe_tries == 0 {
-                    p.tail_probe_cut = now;
+                    p.tail_probe_cut = p.next_seq;
                 }
                 p.tail_probe_tries = p.tail_probe_tries.saturating_add(1);
                 return self.send_probe(now, buf, i);
