@@ -232,6 +232,33 @@ impl Hosts {
         counters
     }
 
+    /// Datagrams the interfaces of both ends dropped so far (received and sent; a veth counts
+    /// there what its peer's XDP ring had no room for).
+    fn link_drops(&self) -> u64 {
+        [&self.a, &self.b]
+            .iter()
+            .map(|ns| {
+                let out = Command::new("ip")
+                    .args(["-j", "-s", "-n", ns, "link", "show"])
+                    .output()
+                    .expect("ip link");
+                let links: serde_json::Value =
+                    serde_json::from_slice(&out.stdout).expect("ip's JSON");
+                links
+                    .as_array()
+                    .expect("a list of links")
+                    .iter()
+                    .map(|l| {
+                        ["rx", "tx"]
+                            .iter()
+                            .map(|d| l["stats64"][d]["dropped"].as_u64().unwrap_or(0))
+                            .sum::<u64>()
+                    })
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+
     /// `metaroce ARGS` in namespace `ns`.
     fn tool(&self, ns: &str, args: &[&str]) -> Command {
         let mut c = Command::new("ip");
@@ -968,7 +995,8 @@ fn an_xdp_end_and_a_socket_end_talk() {
 /// with four channels): the server opens a socket on each, and the plain client's datagrams,
 /// which its kernel sends on the queue each path's flow hashes to (64 paths: every queue gets
 /// some but once in about 10^7 runs), arrive through all four rings. Then both ends with
-/// `--xdp`, Writes and a ping-pong. Every byte verified; every arrival through a ring.
+/// `--xdp`, Writes and a ping-pong. Every byte verified; every arrival through a ring; nothing
+/// sent again but what an interface or a socket dropped.
 #[test]
 #[ignore = "needs root for network namespaces; scripts/test.sh runs it"]
 fn the_xdp_datapath_takes_every_receive_queue() {
@@ -984,10 +1012,17 @@ fn the_xdp_datapath_takes_every_receive_queue() {
             &["-s", "1048576", "-n", "8", "--xdp"][..],
         ),
     ] {
+        let drops = h.link_drops();
         let p = h.run_both("write-bw", &["--xdp"], client);
         assert_success(&p);
         let r = &p.client_json()[0];
         assert_eq!(r["verified"], true, "{what}: {r}");
+        let dropped = h.link_drops() - drops + server_device_counter(&p, "xdp_rx_kernel_dropped");
+        assert!(
+            r["retransmits"].as_u64().unwrap() <= dropped,
+            "{what}: {} retransmissions, {dropped} datagrams dropped",
+            r["retransmits"]
+        );
         assert_eq!(p.server_json()["verified"], true, "{what}");
         assert_eq!(server_device_counter(&p, "xdp_queues"), 4, "{what}");
         let rx = server_device_counter(&p, "rx_packets");
