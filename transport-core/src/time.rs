@@ -42,6 +42,22 @@ impl Instant {
         self.0 as u32
     }
 
+    /// The timestamp a data packet carries: [`Instant::wire_timestamp`] with its lowest bit
+    /// clear. A probe's ([`Instant::probe_timestamp`]) has it set, so that an ACK echoing a data
+    /// packet is never taken for the answer to a probe that left in the same nanosecond (a
+    /// runner stamps a whole round with one clock reading).
+    #[inline]
+    pub const fn data_timestamp(self) -> u32 {
+        self.wire_timestamp() & !1
+    }
+
+    /// The timestamp a probe carries: [`Instant::wire_timestamp`] with its lowest bit set (never
+    /// a data packet's, never 0).
+    #[inline]
+    pub const fn probe_timestamp(self) -> u32 {
+        self.wire_timestamp() | 1
+    }
+
     /// `ns` nanoseconds after `self`, saturating at [`Instant::MAX`].
     #[inline]
     pub const fn after(self, ns: u64) -> Instant {

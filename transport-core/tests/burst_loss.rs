@@ -256,3 +256,98 @@ fn what_leaves_with_a_tail_probe_is_not_lost_by_its_answer() {
     assert_eq!((a.lost_by_sack, a.retransmitted), (0, 0), "{a:?}");
     assert_eq!(b.duplicates, 0, "{b:?}");
 }
+
+/// A data packet that leaves on a path in the same instant as the path's tail probe, before it,
+/// does not carry the probe's timestamp: the ACK it brings back, which reaches A before the probe
+/// has even arrived, must not be taken for the probe's answer (which would declare lost what
+/// left between the two).
+#[test]
+fn an_ack_of_data_that_left_with_a_probe_is_not_the_probes_answer() {
+    let mut p = Pair::granting_writes(KEY);
+    let mut posted = 0u64;
+    let mut post = |p: &mut Pair| {
+        posted += 1;
+        let at = ((posted - 1) % 64) * 8192;
+        p.a.conn
+            .post(p.now, common::write_at(posted, at, 8192, KEY))
+            .unwrap();
+    };
+    let mut held = Vec::new();
+    let (mut probed, mut lost_first) = (false, false);
+    for _ in 0..2_000 {
+        // A posts every round and rings its doorbell (the data leaves at once), then sends the
+        // rest of its round (a probe among it), all in one instant.
+        post(&mut p);
+        p.doorbell(true);
+        p.transmit();
+        let wire = std::mem::take(&mut p.wire);
+        let probe = wire
+            .iter()
+            .position(|(to_b, _, d)| *to_b && probe_path(d) == Some(2));
+        let before: Vec<usize> = (0..probe.unwrap_or(0))
+            .filter(|&i| wire[i].0 && data_path(&wire[i].2) == Some(2))
+            .collect();
+        if let (Some(k), [first, ..]) = (probe, &before[..]) {
+            let (first, second) = (*first, before.get(1).copied());
+            assert!(
+                second.is_some(),
+                "two data packets on path 2 before its probe"
+            );
+            // The first data packet on path 2 arrives; what left after it on the path, the
+            // probe included, is delayed behind the ACK B sends for it.
+            for (i, w) in wire.into_iter().enumerate() {
+                let later_on_2 = w.0 && i > first && (i >= k || data_path(&w.2) == Some(2));
+                if later_on_2 {
+                    held.push(w);
+                } else {
+                    let _ = p.deliver(w.0, w.1, &w.2);
+                }
+            }
+            p.transmit();
+            for w in std::mem::take(&mut p.wire) {
+                if w.0 {
+                    held.push(w);
+                } else {
+                    let _ = p.deliver(false, w.1, &w.2);
+                }
+            }
+            probed = true;
+            break;
+        }
+        for (to_b, port, d) in wire {
+            // Path 2's first data packet is lost (the cumulative PSN stops below it), and its
+            // ACKs to A: A hears nothing of path 2.
+            let lost = if to_b {
+                let first = !lost_first && data_path(&d) == Some(2);
+                lost_first |= first;
+                first
+            } else {
+                ack_path(&d) == Some(2)
+            };
+            if !lost {
+                let _ = p.deliver(to_b, port, &d);
+            }
+        }
+        p.deliver_and_tick(&mut |_, _| false);
+    }
+    assert!(
+        probed,
+        "A never probed path 2's tail with data before the probe"
+    );
+    for (to_b, port, d) in held {
+        let _ = p.deliver(to_b, port, &d);
+    }
+    p.settle();
+    let done = (1..=posted).all(|id| {
+        p.a.events
+            .iter()
+            .any(|e| matches!(e, Event::Completion(c) if c.id == id && c.status == Status::Success))
+    });
+    assert!(done, "{:?}", p.a.events);
+    let n = (posted.min(64) * 8192) as usize;
+    assert!(p.a.mem[..n] == p.b.mem[..n]);
+    let (a, b) = (*p.a.conn.counters(), *p.b.conn.counters());
+    // Only path 2's first packet was lost: it alone is declared lost and goes again.
+    assert_eq!((a.lost_by_sack, a.retransmitted), (1, 1), "{a:?}");
+    assert_eq!(b.duplicates, 0, "{b:?}");
+}

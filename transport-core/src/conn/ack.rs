@@ -129,7 +129,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     .wrapping_sub(ack.ts_echo)
                     .wrapping_sub(ack.ack_delay),
             );
-            if rtt <= now.since(oldest_sent) {
+            // (A data packet's timestamp is its departure with the lowest bit cleared: up to 1 ns
+            // early.)
+            if rtt <= now.since(oldest_sent) + 1 {
                 rtt_sample(p, rtt);
                 let srtt = p.srtt;
                 if self.rate.on_rtt(PathId(i as u8), rtt, srtt, now) {

@@ -264,7 +264,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             let p = &mut self.paths[i];
             if p.tail_probe_pending {
                 p.tail_probe_pending = false;
-                p.tail_probe_ts = Some(now.wire_timestamp());
+                p.tail_probe_ts = Some(now.probe_timestamp());
                 p.tail_probe_at = now;
                 if p.tail_probe_tries == 0 {
                     p.tail_probe_cut = p.next_seq;
@@ -328,8 +328,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     ) -> Option<Transmit> {
         let p = &mut self.paths[i];
         p.probe_seq = p.probe_seq.wrapping_add(1);
-        // A timestamp of 0 marks an answered slot: a probe sent at that instant carries 1.
-        p.probe_ts = now.wire_timestamp().max(1);
+        // A timestamp of 0 marks an answered slot: a probe's is odd, never 0.
+        p.probe_ts = now.probe_timestamp();
         p.probe_outstanding = true;
         p.probe_history[p.probe_seq as usize % PROBE_HISTORY] = p.probe_ts;
         let probe = MrProbeRepr {
@@ -728,7 +728,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             msn: msg.msn,
             msg_offset: offset,
             msg_len: msg.len,
-            timestamp: now.wire_timestamp(),
+            timestamp: now.data_timestamp(),
         };
         let remote = MrRemoteRepr {
             va: msg.remote.va,
