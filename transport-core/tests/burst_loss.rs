@@ -351,3 +351,123 @@ fn an_ack_of_data_that_left_with_a_probe_is_not_the_probes_answer() {
     assert_eq!((a.lost_by_sack, a.retransmitted), (1, 1), "{a:?}");
     assert_eq!(b.duplicates, 0, "{b:?}");
 }
+
+/// The probe arrives and, right behind it in the same batch, data the path sent after it: the
+/// peer's ACK echoes that data packet, not the probe. It reports a transmission that left after
+/// the probe, so it ends the probe's round all the same. A round left open keeps its old cut:
+/// the next loss on the path took a probe more to find (3 probes where 2 do), and a round open
+/// long enough may take a healthy path out of service.
+#[test]
+fn an_ack_past_the_probe_ends_its_round() {
+    let mut p = Pair::granting_writes(KEY);
+    p.a.conn
+        .post(p.now, common::write_at(1, 0, 8 * 1024, KEY))
+        .unwrap();
+    let mut posted = 1u64;
+    let mut probed = false;
+    for _ in 0..10_000 {
+        p.transmit();
+        let wire = std::mem::take(&mut p.wire);
+        if wire
+            .iter()
+            .any(|(to_b, _, d)| *to_b && probe_path(d) == Some(2))
+        {
+            // In the same instant, after the probe, A sends more, on every path; B takes it
+            // all (the probe first) before it answers.
+            posted += 1;
+            p.a.conn
+                .post(p.now, common::write_at(posted, 8 * 1024, 8 * 1024, KEY))
+                .unwrap();
+            p.doorbell(true);
+            let after = std::mem::take(&mut p.wire);
+            assert!(
+                after
+                    .iter()
+                    .any(|(to_b, _, d)| *to_b && data_path(d) == Some(2)),
+                "A sent data on path 2 after its probe"
+            );
+            for (to_b, port, d) in wire.into_iter().chain(after) {
+                let _ = p.deliver(to_b, port, &d);
+            }
+            p.deliver_and_tick(&mut |_, _| false);
+            probed = true;
+            break;
+        }
+        for (to_b, port, d) in wire {
+            // (Path 2's ACKs to A are lost.)
+            if to_b || ack_path(&d) != Some(2) {
+                let _ = p.deliver(to_b, port, &d);
+            }
+        }
+        p.deliver_and_tick(&mut |_, _| false);
+    }
+    assert!(probed, "A never probed path 2's tail");
+    // Then more Writes, nothing lost; path 2's ACKs come two rounds after the others' (a path
+    // a little slower: A sees later packets acknowledged first, as over any fabric).
+    let mut late: std::collections::VecDeque<Vec<(bool, u16, Vec<u8>)>> =
+        std::collections::VecDeque::from([Vec::new(), Vec::new()]);
+    for _ in 0..300 {
+        posted += 1;
+        let at = 16 * 1024 + ((posted - 3) % 32) * 8192;
+        p.a.conn
+            .post(p.now, common::write_at(posted, at, 8192, KEY))
+            .unwrap();
+        p.doorbell(true);
+        p.transmit();
+        let wire = std::mem::take(&mut p.wire);
+        for (to_b, port, d) in late.pop_front().unwrap_or_default() {
+            let _ = p.deliver(to_b, port, &d);
+        }
+        late.push_back(Vec::new());
+        for w in wire {
+            if !w.0 && ack_path(&w.2) == Some(2) {
+                late.back_mut().unwrap().push(w);
+            } else {
+                let _ = p.deliver(w.0, w.1, &w.2);
+            }
+        }
+        p.deliver_and_tick(&mut |_, _| false);
+    }
+    for (to_b, port, d) in late.into_iter().flatten() {
+        let _ = p.deliver(to_b, port, &d);
+    }
+    p.settle();
+    // Then a real loss: path 2's next flight is lost whole, until A probes its tail again. A
+    // new round, with a new cut, finds it at once.
+    let mut lost = 0u64;
+    let mut probes = 0;
+    for _ in 0..2_000 {
+        if probes == 0 {
+            posted += 1;
+            let at = ((posted - 3) % 32) * 8192;
+            p.a.conn
+                .post(p.now, common::write_at(posted, 16 * 1024 + at, 8192, KEY))
+                .unwrap();
+            p.doorbell(true);
+        }
+        p.round(&mut |to_b, d| {
+            if to_b && probe_path(d) == Some(2) {
+                probes += 1;
+            }
+            let drop = to_b && probes == 0 && data_path(d) == Some(2);
+            lost += u64::from(drop);
+            drop
+        });
+        if probes > 0 && p.a.conn.is_idle() {
+            break;
+        }
+    }
+    p.settle();
+    let done = (1..=posted).all(|id| {
+        p.a.events
+            .iter()
+            .any(|e| matches!(e, Event::Completion(c) if c.id == id && c.status == Status::Success))
+    });
+    assert!(done, "{:?}", p.a.events);
+    let a = *p.a.conn.counters();
+    // Two probes, each answered: what the second found lost, and only that, went again.
+    assert!(lost > 0);
+    assert_eq!(a.probes_sent, 2, "{a:?}");
+    assert_eq!((a.lost_by_sack, a.retransmitted), (lost, lost), "{a:?}");
+    assert_eq!((a.lost_by_timeout, a.path_failures), (0, 0), "{a:?}");
+}

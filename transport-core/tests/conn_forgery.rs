@@ -270,7 +270,7 @@ fn forged_probe_replies_do_not_revive_a_failed_path() {
     // The forger answers every probe sequence it might guess, with timestamps it might guess.
     let port = b_port(&p, 0);
     for seq in (0..64u32).chain((0..64).map(|k| u32::MAX - k)) {
-        for ts in [0u32, 1, p.now.wire_timestamp()] {
+        for ts in [0u32, 1, p.now.wire_timestamp(), p.now.probe_timestamp()] {
             let probe = MrProbeRepr {
                 path_id: 0,
                 probe_seq: seq,
@@ -287,7 +287,7 @@ fn forged_probe_replies_do_not_revive_a_failed_path() {
             assert_eq!(p.deliver(false, port, &d), Err(DropReason::Inconsistent));
         }
     }
-    assert_eq!(p.a.conn.counters().drop_bad_probe, 128 * 3);
+    assert_eq!(p.a.conn.counters().drop_bad_probe, 128 * 4);
     while let Some(e) = p.a.conn.poll_event() {
         p.a.events.push(e);
     }

@@ -140,9 +140,20 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                 }
             }
         }
-        if self.paths[i].tail_probe_ts == Some(ack.ts_echo) {
-            // The ACK the tail probe triggered: the path is alive, and whatever left before the
-            // probe and is still unacknowledged was lost.
+        // A tail probe's round ends with its answer: the ACK that echoes the probe, or any ACK
+        // that reports a transmission that left after it (the peer's echo names the last packet
+        // that arrived, which may be one that followed the probe; the path is in order, so
+        // what left before the probe and is unreported was lost either way), or one after which
+        // nothing on the path is unresolved. A round left open would probe again at once and
+        // take a healthy path out of service.
+        let p = &self.paths[i];
+        let answered = p.tail_probe_ts.is_some()
+            && (p.tail_probe_ts == Some(ack.ts_echo)
+                || !highest.before(p.tail_probe_cut)
+                || p.una == p.next_seq);
+        if answered {
+            // The path is alive, and whatever left before the probe and is still unacknowledged
+            // was lost.
             let p = &mut self.paths[i];
             p.timeouts_in_row = 0;
             p.timer_from = now;

@@ -193,7 +193,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             p.timeouts_in_row = 0;
             p.probes_unanswered = 0;
             p.quiet_probes = 0;
-            let rtt = u64::from(now.wire_timestamp().wrapping_sub(probe.ts_echo));
+            // (The probe's timestamp is its departure with the lowest bit set: measured from
+            // the bit cleared, the sample is never negative.)
+            let rtt = u64::from(now.wire_timestamp().wrapping_sub(probe.ts_echo & !1));
             rtt_sample(p, rtt);
             if p.failed {
                 p.failed = false;
