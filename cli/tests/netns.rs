@@ -469,13 +469,17 @@ fn ping_pongs_under_real_loss_verify_every_answer() {
         let r = &p.client_json()[0];
         assert_eq!(r["verified"], true, "{test}: {r}");
         assert_eq!(r["iterations"], 2000, "{test}");
+        // How many answers find the ping's ACK still waiting depends on the host's scheduling
+        // (1,073-2,000 of 2,000 in a loop of six runs of each test; 30-971 in some runs under
+        // the test harness, before and after 5b29547): the test asks that the carried ACKs are
+        // used both ways, so that their loss is part of what the run repairs.
         let carried = server_counter(&p, "acks_piggybacked");
         let received = server_counter(&p, "acks_piggyback_received");
         assert!(
-            carried > 1000,
+            carried >= 20,
             "{test}: the server's answers carried {carried} ACKs"
         );
-        assert!(received > 1000, "{test}: the pings carried {received} ACKs");
+        assert!(received >= 20, "{test}: the pings carried {received} ACKs");
         assert!(
             server_counter(&p, "retransmits") > 0,
             "{test}: nothing was lost"
