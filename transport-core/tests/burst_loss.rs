@@ -40,6 +40,57 @@ fn probe_path(d: &[u8]) -> Option<u8> {
     }
 }
 
+/// Delivers `wire` except the ACKs of path 2 to A (lost).
+fn deliver_losing_path_2_acks(p: &mut Pair, wire: Vec<(bool, u16, Vec<u8>)>) {
+    for (to_b, port, d) in wire {
+        if to_b || ack_path(&d) != Some(2) {
+            let _ = p.deliver(to_b, port, &d);
+        }
+    }
+}
+
+/// Both sides send: A takes what B sends (B's answer); what A sends joins `held`, behind it.
+fn answer_holding_as(p: &mut Pair, held: &mut Vec<(bool, u16, Vec<u8>)>) {
+    p.transmit();
+    for w in std::mem::take(&mut p.wire) {
+        if w.0 {
+            held.push(w);
+        } else {
+            let _ = p.deliver(false, w.1, &w.2);
+        }
+    }
+}
+
+/// Delivers what was held back and lets the pair settle; then every Write in `ids` completed,
+/// the first `bytes` of A's memory are in B's, exactly `lost` packets were declared lost and sent
+/// again, and none arrived twice.
+fn finish(
+    p: &mut Pair,
+    held: Vec<(bool, u16, Vec<u8>)>,
+    ids: std::ops::RangeInclusive<u64>,
+    bytes: usize,
+    lost: u64,
+) {
+    for (to_b, port, d) in held {
+        let _ = p.deliver(to_b, port, &d);
+    }
+    p.settle();
+    assert!(all_completed(p, ids), "{:?}", p.a.events);
+    assert!(p.a.mem[..bytes] == p.b.mem[..bytes]);
+    let (a, b) = (*p.a.conn.counters(), *p.b.conn.counters());
+    assert_eq!((a.lost_by_sack, a.retransmitted), (lost, lost), "{a:?}");
+    assert_eq!(b.duplicates, 0, "{b:?}");
+}
+
+/// Whether A completed every Write in `ids`.
+fn all_completed(p: &Pair, ids: impl IntoIterator<Item = u64>) -> bool {
+    ids.into_iter().all(|id| {
+        p.a.events
+            .iter()
+            .any(|e| matches!(e, Event::Completion(c) if c.id == id && c.status == Status::Success))
+    })
+}
+
 /// Moves 256 KiB from A to B; `lose` sees (to B, bytes) and the probes A has sent so far on
 /// path 2. Returns the time taken and A's counters.
 fn transfer(
@@ -220,41 +271,16 @@ fn what_leaves_with_a_tail_probe_is_not_lost_by_its_answer() {
                 "A sent data on path 2 after its probe, in the same instant"
             );
             // B answers the probe (an ACK echoing it, and the reply); A takes the answer.
-            p.transmit();
-            for w in std::mem::take(&mut p.wire) {
-                if w.0 {
-                    held.push(w);
-                } else {
-                    let _ = p.deliver(false, w.1, &w.2);
-                }
-            }
+            answer_holding_as(&mut p, &mut held);
             probed = true;
             break;
         }
-        for (to_b, port, d) in wire {
-            // (Path 2's ACKs to A are lost.)
-            if to_b || ack_path(&d) != Some(2) {
-                let _ = p.deliver(to_b, port, &d);
-            }
-        }
+        deliver_losing_path_2_acks(&mut p, wire);
         p.deliver_and_tick(&mut |_, _| false);
     }
     assert!(probed, "A never probed path 2's tail");
-    for (to_b, port, d) in held {
-        let _ = p.deliver(to_b, port, &d);
-    }
-    p.settle();
-    let done = |id| {
-        p.a.events
-            .iter()
-            .any(|e| matches!(e, Event::Completion(c) if c.id == id && c.status == Status::Success))
-    };
-    assert!(done(1) && done(2), "{:?}", p.a.events);
-    assert!(p.a.mem[..16 * 1024] == p.b.mem[..16 * 1024]);
-    let (a, b) = (*p.a.conn.counters(), *p.b.conn.counters());
     // Nothing was lost: nothing is declared lost, nothing goes again, nothing arrives twice.
-    assert_eq!((a.lost_by_sack, a.retransmitted), (0, 0), "{a:?}");
-    assert_eq!(b.duplicates, 0, "{b:?}");
+    finish(&mut p, held, 1..=2, 16 * 1024, 0);
 }
 
 /// A data packet that leaves on a path in the same instant as the path's tail probe, before it,
@@ -303,14 +329,7 @@ fn an_ack_of_data_that_left_with_a_probe_is_not_the_probes_answer() {
                     let _ = p.deliver(w.0, w.1, &w.2);
                 }
             }
-            p.transmit();
-            for w in std::mem::take(&mut p.wire) {
-                if w.0 {
-                    held.push(w);
-                } else {
-                    let _ = p.deliver(false, w.1, &w.2);
-                }
-            }
+            answer_holding_as(&mut p, &mut held);
             probed = true;
             break;
         }
@@ -334,22 +353,14 @@ fn an_ack_of_data_that_left_with_a_probe_is_not_the_probes_answer() {
         probed,
         "A never probed path 2's tail with data before the probe"
     );
-    for (to_b, port, d) in held {
-        let _ = p.deliver(to_b, port, &d);
-    }
-    p.settle();
-    let done = (1..=posted).all(|id| {
-        p.a.events
-            .iter()
-            .any(|e| matches!(e, Event::Completion(c) if c.id == id && c.status == Status::Success))
-    });
-    assert!(done, "{:?}", p.a.events);
-    let n = (posted.min(64) * 8192) as usize;
-    assert!(p.a.mem[..n] == p.b.mem[..n]);
-    let (a, b) = (*p.a.conn.counters(), *p.b.conn.counters());
     // Only path 2's first packet was lost: it alone is declared lost and goes again.
-    assert_eq!((a.lost_by_sack, a.retransmitted), (1, 1), "{a:?}");
-    assert_eq!(b.duplicates, 0, "{b:?}");
+    finish(
+        &mut p,
+        held,
+        1..=posted,
+        (posted.min(64) * 8192) as usize,
+        1,
+    );
 }
 
 /// The probe arrives and, right behind it in the same batch, data the path sent after it: the
@@ -393,12 +404,7 @@ fn an_ack_past_the_probe_ends_its_round() {
             probed = true;
             break;
         }
-        for (to_b, port, d) in wire {
-            // (Path 2's ACKs to A are lost.)
-            if to_b || ack_path(&d) != Some(2) {
-                let _ = p.deliver(to_b, port, &d);
-            }
-        }
+        deliver_losing_path_2_acks(&mut p, wire);
         p.deliver_and_tick(&mut |_, _| false);
     }
     assert!(probed, "A never probed path 2's tail");
@@ -458,12 +464,7 @@ fn an_ack_past_the_probe_ends_its_round() {
         }
     }
     p.settle();
-    let done = (1..=posted).all(|id| {
-        p.a.events
-            .iter()
-            .any(|e| matches!(e, Event::Completion(c) if c.id == id && c.status == Status::Success))
-    });
-    assert!(done, "{:?}", p.a.events);
+    assert!(all_completed(&p, 1..=posted), "{:?}", p.a.events);
     let a = *p.a.conn.counters();
     // Two probes, each answered: what the second found lost, and only that, went again.
     assert!(lost > 0);
