@@ -1258,6 +1258,9 @@ impl Xdp {
             }
         }
         let Some(tx) = self.queues[0].tx.as_ref() else {
+            // (Queue 0 always has a TX ring: `full` said so above. The buffer goes back anyway.)
+            self.free_tx.push(buf);
+            self.counters.tx_no_room += 1;
             return false;
         };
         let prod = tx.producer().load(Ordering::Relaxed);
