@@ -6,8 +6,10 @@
 #   - `metaroce write-lat` p50 and p99 against a plain UDP ping-pong of the same size
 #     (host-ibverbs/examples/udp_pingpong.rs), both spinning, both reporting half the round trip;
 #     and, to tell the socket features from the engine, against the same ping-pong with the
-#     transport's socket features (--like-transport: its datagram length, ECT(0), DF, ECN cmsg,
-#     GRO, 8 MiB buffers, eight path sockets).
+#     socket features a spinning latency test of the transport opens (--like-transport: its
+#     datagram length, ECT(0), DF, the ECN cmsg, 8 MiB buffers, answers from a connected path
+#     socket; without UDP GRO, arrival times and the turn over eight path sockets, which the
+#     transport leaves off for a ping, see LIKE below).
 # Prints one line per round and the median ratios. Needs iperf3 (Debian: iperf3). The tools'
 # defaults on loopback leave the ICRC off (both ends on one host; `-- --icrc` keeps it): figures
 # from before that default (2026-12-03) had it on.
@@ -27,6 +29,9 @@ EXTRA=("$@")
 command -v iperf3 >/dev/null || { echo "iperf3 is needed (apt-get install iperf3)"; exit 2; }
 cargo build -q --release -p metaroce-cli --bin metaroce && cargo build -q --release -p host-ibverbs --example udp_pingpong --example udp_ceiling
 T=${CARGO_TARGET_DIR:-target}
+# What a spinning latency test of the transport opens (DeviceConfig::arrival_times off, UDP GRO
+# only for a phase whose messages take several packets, one path while nothing is in flight).
+LIKE=(--like-transport --without gro,timestamp,paths)
 M=$T/release/metaroce
 P=$T/release/examples/udp_pingpong
 C=$T/release/examples/udp_ceiling
@@ -62,9 +67,9 @@ for r in $(seq 1 "$ROUNDS"); do
   sleep 0.2
   u=$($P client 127.0.0.1:18801 "$SIZE" "$ITERS")
   wait
-  $P server 18803 --like-transport &
+  $P server 18803 "${LIKE[@]}" &
   sleep 0.2
-  ul=$($P client 127.0.0.1:18803 "$SIZE" "$ITERS" --like-transport)
+  ul=$($P client 127.0.0.1:18803 "$SIZE" "$ITERS" "${LIKE[@]}")
   wait
   $M write-lat --once -p 18802 >/dev/null 2>&1 &
   sleep 0.3

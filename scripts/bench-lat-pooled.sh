@@ -6,9 +6,11 @@
 # Here each round runs, in an order that changes from round to round (see ORDERS), on loopback:
 #   - the plain UDP ping-pong (host-ibverbs/examples/udp_pingpong.rs), the baseline;
 #   - the same plain ping-pong again (what the estimator gives a program against itself);
-#   - the plain ping-pong with the transport's socket features (--like-transport: its datagram
-#     length, ECT(0), DF, the ECN cmsg, GRO, 8 MiB buffers, eight path sockets), to tell what
-#     those cost from what the engine costs;
+#   - the plain ping-pong with the socket features a spinning latency test of the transport
+#     opens (--like-transport --without gro,timestamp,paths: its datagram length, ECT(0), DF, the
+#     ECN cmsg, 8 MiB buffers, answers from a connected path socket; the transport leaves UDP GRO,
+#     arrival times and the turn over its paths off for a ping), to tell what those cost from
+#     what the engine costs;
 #   - `metaroce write-lat` (UDP transport, defaults, -U for its samples);
 # and every half round trip of every round goes into one pool per variant, so all variants see the
 # machine's quiet and noisy phases alike. Prints each pool's percentiles and ratios to the baseline,
@@ -56,7 +58,7 @@ for r in $(seq 1 "$ROUNDS"); do
   for v in ${ORDERS[$((r % 4))]}; do
     case $v in
       write-lat) writelat "$DIR/$v.$r" ;;
-      like) plain "$DIR/$v.$r" --like-transport ;;
+      like) plain "$DIR/$v.$r" --like-transport --without gro,timestamp,paths ;;
       *) plain "$DIR/$v.$r" ;;
     esac
   done

@@ -244,7 +244,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// condemn what the next ones acknowledge.
     pub(super) fn detect_overdue(&mut self, now: Instant) {
         self.rack_dirty = false;
-        for i in 0..usize::from(self.cfg.paths) {
+        // Only a path with something in flight has a candidate.
+        for i in self.inflight.iter() {
             while let Some((seq, due)) = self.overdue_candidate(i) {
                 // A packet the peer's cumulative PSN already covers arrived: its path ACK is
                 // only late. Resolve it without counting it lost.
@@ -334,6 +335,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let p = &mut self.paths[i];
         while p.una != p.next_seq && p.ring_psn[p.una.0 as usize % PATH_RING] == NO_PSN {
             p.una = p.una.add(1);
+        }
+        if p.una == p.next_seq {
+            self.inflight.remove(i);
         }
     }
 

@@ -178,6 +178,13 @@ pub struct Connection<
     rack_sent: Instant,
     /// An ACK moved `rack_sent` since overdue transmissions were last looked for.
     rack_dirty: bool,
+    /// The paths with transmissions not yet resolved (`una != next_seq`): what a ping-pong's
+    /// path choice, loss detection and timers look at, without reading every path's state
+    /// (each path's rings span kilobytes; a hop that reads eight paths misses the cache eight
+    /// times).
+    inflight: PathSet,
+    /// The paths in `PathState::Probing`: the only ones whose probe timer runs.
+    probing: PathSet,
     /// The confirmation of the last fatal NACK that named nothing this end sent (a refusal of a
     /// forged packet, or a forgery itself): one slot, whatever the number of such NACKs.
     unverified_confirm: Option<PendingNack>,
@@ -316,6 +323,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             unverified_confirm: None,
             rack_sent: Instant::ZERO,
             rack_dirty: false,
+            inflight: PathSet::default(),
+            probing: PathSet::default(),
             refusals: RefusalTable::new(),
             acks: AckSchedule::new(),
             pending_atomic: None,

@@ -203,6 +203,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
                     path: PathId(i as u8),
                 });
             }
+            self.probing.remove(i);
         }
         Ok(())
     }

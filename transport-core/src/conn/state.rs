@@ -181,6 +181,33 @@ impl PathSet {
         self.0[(i / 64) % 4] & (1 << (i % 64)) != 0
     }
 
+    /// Whether no path is in the set.
+    pub(super) fn is_empty(&self) -> bool {
+        self.0 == [0; 4]
+    }
+
+    /// Whether no path but `i` is in the set.
+    pub(super) fn at_most(&self, i: usize) -> bool {
+        let mut rest = *self;
+        rest.remove(i);
+        rest.is_empty()
+    }
+
+    /// The paths in the set, lowest first (of a copy: the caller may change the set meanwhile).
+    pub(super) fn iter(&self) -> impl Iterator<Item = usize> {
+        let words = self.0;
+        (0..4).flat_map(move |k| {
+            let mut w = words[k];
+            core::iter::from_fn(move || {
+                (w != 0).then(|| {
+                    let b = w.trailing_zeros() as usize;
+                    w &= w - 1;
+                    k * 64 + b
+                })
+            })
+        })
+    }
+
     pub(super) fn first(&self) -> Option<usize> {
         self.0
             .iter()

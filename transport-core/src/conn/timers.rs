@@ -71,6 +71,15 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         })
     }
 
+    /// Whether `inflight` names exactly the paths with unresolved transmissions, and `probing`
+    /// the paths that probe.
+    fn inflight_consistent(&self) -> bool {
+        self.paths.iter().enumerate().all(|(i, p)| {
+            self.inflight.contains(i) == (p.una != p.next_seq)
+                && self.probing.contains(i) == (p.state == PathState::Probing)
+        })
+    }
+
     /// When the oldest packet in flight, which the path layer saw arrive but the peer never
     /// accepted (refused while its refusal table was full, or the ACK that would have covered it
     /// was lost), is sent again: the long timeout after it left.
@@ -105,6 +114,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// When [`Connection::handle_timeout`] should next be called: the earliest deadline of
     /// every timer (plain loops: the runner asks after every round).
     pub fn poll_timeout(&self) -> Option<Instant> {
+        debug_assert!(self.inflight_consistent(), "a set of paths is stale");
         let mut t: Option<Instant> = None;
         let mut at = |timer| {
             if let Some(x) = self.deadline(timer) {
@@ -121,9 +131,15 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             at(timer);
         }
         for i in 0..usize::from(self.cfg.paths) {
-            at(Timer::Retransmit(i));
-            at(Timer::Probe(i));
             at(Timer::Ack(i));
+        }
+        // A probe timer is armed only while its path probes, retransmission and overdue timers
+        // only while it has something in flight.
+        for i in self.probing.iter() {
+            at(Timer::Probe(i));
+        }
+        for i in self.inflight.iter() {
+            at(Timer::Retransmit(i));
             at(Timer::Overdue(i));
         }
         t
@@ -228,6 +244,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         }
         let p = &mut self.paths[i];
         p.una = next;
+        self.inflight.remove(i);
         p.stats.lost += lost;
         // Everything in flight is resolved: a tail probe round still open has nothing to settle.
         p.tail_probe_pending = false;
@@ -291,6 +308,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             p.probe_pending = true;
             p.probe_due = now + self.cfg.probe_interval;
             self.control_dirty = true;
+            self.probing.insert(i);
         }
     }
 

@@ -502,10 +502,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         usize::from(ack.path_id) == last
             && PathSeq(ack.cum_seq) == self.paths[last].next_seq
             && self.retx.is_empty()
-            && self.paths[..usize::from(self.cfg.paths)]
-                .iter()
-                .enumerate()
-                .all(|(i, p)| i == last || p.next_seq == p.una)
+            && self.inflight.at_most(last)
     }
 
     pub(super) fn transmit_retx(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
@@ -667,6 +664,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         let p = &mut self.paths[path.index()];
         let seq = p.next_seq;
         p.next_seq = seq.add(1);
+        self.inflight.insert(path.index());
         let slot = seq.0 as usize % PATH_RING;
         p.ring_psn[slot] = psn.get();
         p.ring_sent[slot] = now;
