@@ -469,17 +469,21 @@ fn ping_pongs_under_real_loss_verify_every_answer() {
         let r = &p.client_json()[0];
         assert_eq!(r["verified"], true, "{test}: {r}");
         assert_eq!(r["iterations"], 2000, "{test}");
-        // How many answers find the ping's ACK still waiting depends on the host's scheduling
-        // (1,073-2,000 of 2,000 in a loop of six runs of each test; 30-971 in some runs under
-        // the test harness, before and after 5b29547): the test asks that the carried ACKs are
-        // used both ways, so that their loss is part of what the run repairs.
+        // Every answer carries the ACK of its ping, also when the ends wait for a CPU: what
+        // arrived during a stall of this host is handed to the tool before anything is sent
+        // (before that fix, beside two busy loops, the answers carried 708-2,000 and the pings
+        // 519-1,909, and 30 once under the test harness; after it 2,000 and 1,883-1,918 beside
+        // two and four busy loops, as idle). A ping lost on the way loses the ACK it carried.
         let carried = server_counter(&p, "acks_piggybacked");
         let received = server_counter(&p, "acks_piggyback_received");
         assert!(
-            carried >= 20,
-            "{test}: the server's answers carried {carried} ACKs"
+            carried >= 1_800,
+            "{test}: the server's answers carried {carried} ACKs of 2,000"
         );
-        assert!(received >= 20, "{test}: the pings carried {received} ACKs");
+        assert!(
+            received >= 1_600,
+            "{test}: the pings carried {received} ACKs of 2,000"
+        );
         assert!(
             server_counter(&p, "retransmits") > 0,
             "{test}: nothing was lost"

@@ -317,8 +317,17 @@ impl Engine {
         // idle spin is one timer check and one receive call (with a full round now and then).
         let now = self.now();
         self.counters.rounds = self.counters.rounds.wrapping_add(1);
-        if now.since(self.expected_at) > STALL_NS && self.expected_at != Instant::ZERO {
-            self.host_stalled(now);
+        if now.since(self.expected_at) > STALL_NS
+            && self.expected_at != Instant::ZERO
+            && self.host_stalled(now)
+        {
+            // What waited in the socket during the stall is handed over before anything is
+            // sent: the answers the tool posts now carry the ACKs those arrivals call for (sent
+            // first, each would go on its own, and the answer without it), and the rest goes
+            // out next round, as after any arrival.
+            self.expected_at = now;
+            self.drain_events();
+            return true;
         }
         self.expected_at = now;
         self.clock_floor = self.clock_floor.max(now);
@@ -384,11 +393,15 @@ impl Engine {
                 // What arrived while this end slept is dated by the kernel: the time to wake up
                 // counts in no RTT and no ACK delay.
                 let now = self.now();
-                if self.receive_all(now, RX_BATCH) > 0 {
-                    busy = true;
-                }
                 self.clock_floor = self.clock_floor.max(now);
-                busy |= self.transmit(now);
+                if self.receive_all(now, RX_BATCH) > 0 {
+                    // Handed over before anything is sent, as in a round: the answers the tool
+                    // posts carry the ACKs the arrivals call for; the rest goes next round.
+                    self.dirty = true;
+                    busy = true;
+                } else {
+                    busy |= self.transmit(now);
+                }
                 self.drain_events();
                 self.deadline_stale = true;
             }
@@ -418,10 +431,14 @@ impl Engine {
     /// timers wait for may be sitting in this host's socket buffers, so everything that arrived
     /// is read first, and then the timers restart from now (a timeout must not count the time a
     /// packet waited for this host's own CPU).
-    fn host_stalled(&mut self, now: Instant) {
+    /// Returns whether anything arrived.
+    fn host_stalled(&mut self, now: Instant) -> bool {
         self.counters.host_stalls += 1;
+        let mut got = 0;
         for _ in 0..16 {
-            if self.receive_all(now, RX_BATCH) < RX_BATCH {
+            let n = self.receive_all(now, RX_BATCH);
+            got += n;
+            if n < RX_BATCH {
                 break;
             }
         }
@@ -432,6 +449,7 @@ impl Engine {
         }
         self.dirty = true;
         self.deadline_stale = true;
+        got > 0
     }
 
     /// The receiver's fair share: every connection that delivered data within

@@ -900,3 +900,54 @@ fn paths_that_keep_moving_leave_no_sockets_behind() {
         "{sockets} sockets and {stages} stages kept"
     );
 }
+
+/// An end that did not run for a while (its host gave the CPU to others) finds a ping waiting:
+/// the round that reads it hands the completion over before it sends anything, so the answer
+/// the tool posts carries the ping's ACK, and no ACK goes on its own.
+#[test]
+fn after_a_stall_the_answer_carries_the_ack_of_what_waited() {
+    let (a, qa, b, qb) = pair(&QpAttr::default());
+    let src = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let rbuf = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let answer = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let arecv = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    qa.post_recv(1, 0, arecv.sge(0, 64)).unwrap();
+    qb.post_recv(2, 0, rbuf.sge(0, 64)).unwrap();
+    let send = |qp: &QueuePair, id: u64, mr: &MemoryRegion| {
+        qp.post_send(&SendWr {
+            wr_id: id,
+            op: WrOp::SendWithImm(id as u32),
+            stream: 0,
+            local: mr.sge(0, 8),
+            remote: RemoteAddr::default(),
+        })
+        .unwrap();
+    };
+    // Both have run (their rounds are expected), then A's ping leaves (a post sends at once) and
+    // waits in B's socket while neither runs for well over the stall threshold.
+    let (mut wa, mut wb) = (Vec::new(), Vec::new());
+    a.cq.poll(&mut wa, 8);
+    b.cq.poll(&mut wb, 8);
+    send(&qa, 10, &src);
+    std::thread::sleep(Duration::from_millis(3));
+    let stalls = b.ctx.counters().host_stalls;
+    let end = Instant::now() + Duration::from_secs(5);
+    while wb.is_empty() && Instant::now() < end {
+        b.cq.poll(&mut wb, 8);
+    }
+    assert_eq!(b.ctx.counters().host_stalls, stalls + 1, "B saw its stall");
+    assert_eq!(wb.len(), 1, "B has the ping");
+    assert_eq!(qb.counters().acks_sent, 0, "no ACK went before the answer");
+    send(&qb, 20, &answer);
+    let (wa, _) = pump(&a, &b, 2, 0);
+    assert!(wa
+        .iter()
+        .any(|wc| wc.wr_id == 1 && wc.kind == CompletionKind::Recv));
+    assert_eq!(qa.counters().acks_piggyback_received, 1);
+    let c = qb.counters();
+    assert_eq!(
+        (c.acks_sent, c.acks_piggybacked),
+        (1, 1),
+        "the answer carried the ping's ACK, and it was the only one"
+    );
+}

@@ -233,7 +233,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// A connection in the connected state.
     pub fn new(mut cfg: Config) -> Self {
         let () = Self::SIZES_ARE_POWERS_OF_TWO;
-        cfg.paths = cfg.paths.clamp(1, P.min(256) as u8);
+        // A path is named by a u8 on the wire: 255 at most, also when `P` has room for more
+        // (`P.min(256) as u8` was 0 at `P` = 256, and the clamp panicked).
+        cfg.paths = cfg.paths.clamp(1, P.min(255) as u8);
         cfg.window_per_path = cfg.window_per_path.clamp(1, PATH_RING as u32 - 1);
         cfg.mtu = cfg.mtu.max(1);
         let path = |i: usize| TxPath {

@@ -194,7 +194,7 @@ impl PathSet {
     }
 
     /// The paths in the set, lowest first (of a copy: the caller may change the set meanwhile).
-    pub(super) fn iter(&self) -> impl Iterator<Item = usize> {
+    pub(super) fn iter(&self) -> impl Iterator<Item = usize> + use<> {
         let words = self.0;
         (0..4).flat_map(move |k| {
             let mut w = words[k];
