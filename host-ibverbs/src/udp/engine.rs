@@ -326,6 +326,7 @@ impl Engine {
             // first, each would go on its own, and the answer without it), and the rest goes
             // out next round, as after any arrival.
             self.expected_at = now;
+            self.clock_floor = self.clock_floor.max(now);
             self.drain_events();
             return true;
         }

@@ -74,7 +74,8 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// Whether `inflight` names exactly the paths with unresolved transmissions, and `probing`
     /// the paths that probe.
     fn inflight_consistent(&self) -> bool {
-        self.paths.iter().enumerate().all(|(i, p)| {
+        let n = usize::from(self.cfg.paths);
+        self.paths[..n].iter().enumerate().all(|(i, p)| {
             self.inflight.contains(i) == (p.una != p.next_seq)
                 && self.probing.contains(i) == (p.state == PathState::Probing)
         })
