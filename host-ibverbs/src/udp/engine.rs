@@ -321,13 +321,14 @@ impl Engine {
             && self.expected_at != Instant::ZERO
             && self.host_stalled(now)
         {
-            // What waited in the socket during the stall is handed over before anything is
-            // sent: the answers the tool posts now carry the ACKs those arrivals call for (sent
-            // first, each would go on its own, and the answer without it), and the rest goes
-            // out next round, as after any arrival.
+            // What waited in the socket during the stall is handed over before an ACK is sent:
+            // the answers the tool posts now carry the ACKs those arrivals call for (sent first,
+            // each would go on its own, and the answer without it); they go next round, as after
+            // any arrival. Data the arrivals let go (a window that opened) leaves now.
             self.expected_at = now;
             self.clock_floor = self.clock_floor.max(now);
             self.drain_events();
+            self.transmit_all(now, true);
             return true;
         }
         self.expected_at = now;
@@ -396,14 +397,17 @@ impl Engine {
                 let now = self.now();
                 self.clock_floor = self.clock_floor.max(now);
                 if self.receive_all(now, RX_BATCH) > 0 {
-                    // Handed over before anything is sent, as in a round: the answers the tool
-                    // posts carry the ACKs the arrivals call for; the rest goes next round.
+                    // Handed over before an ACK is sent, as after a stall: the answers the tool
+                    // posts carry the ACKs the arrivals call for, which go next round; data the
+                    // arrivals let go leaves now.
+                    self.drain_events();
+                    self.transmit_all(now, true);
                     self.dirty = true;
                     busy = true;
                 } else {
                     busy |= self.transmit(now);
+                    self.drain_events();
                 }
-                self.drain_events();
                 self.deadline_stale = true;
             }
         }

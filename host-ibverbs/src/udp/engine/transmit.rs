@@ -133,6 +133,11 @@ impl Engine {
     /// Asks every connection for what it has to send, fills in payloads from memory, and sends
     /// it, one GSO call per path where consecutive datagrams allow.
     pub(super) fn transmit(&mut self, now: Instant) -> bool {
+        self.transmit_all(now, false)
+    }
+
+    /// Sends what every queue pair has to send (only data packets with `data_only`).
+    pub(super) fn transmit_all(&mut self, now: Instant, data_only: bool) -> bool {
         if self.tx.len() > self.tx_limit || self.stages.len() > self.tx_limit {
             self.drop_unused_paths();
         }
@@ -141,7 +146,7 @@ impl Engine {
         qpns.extend(self.qps.keys().copied());
         let mut sent = false;
         for &qpn in &qpns {
-            sent |= self.transmit_qp(qpn, now, false);
+            sent |= self.transmit_qp(qpn, now, data_only);
         }
         self.qpn_list = qpns;
         self.flush();
