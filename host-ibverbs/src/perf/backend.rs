@@ -363,7 +363,9 @@ impl Endpoint {
                         // Work again: spin again.
                         u.idle_since.set(None);
                         out.push(wc);
-                        Ok(1 + u.cq.poll(out, max - 1))
+                        // What else is there, without another round: the ACKs the arrivals
+                        // call for then wait for the tool's answers to carry them.
+                        Ok(1 + u.cq.take_ready(out, max - 1))
                     }
                     None => Ok(0),
                 }

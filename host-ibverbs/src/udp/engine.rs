@@ -194,6 +194,9 @@ pub(crate) struct Engine {
     pub share_table: Option<crate::udp::share_table::ShareTable>,
     /// When the fair shares are next computed.
     share_at: Instant,
+    /// The last round handed over what waited during a stall and sent no ACKs: the next one is
+    /// a full round, stalled or not.
+    handed_over: bool,
     /// The kernel refused UDP GRO when `enable_gro` asked: not asked again.
     gro_refused: bool,
     /// The AF_XDP datapath, when the device has one (`DeviceConfig::xdp`): datagrams leave and
@@ -247,6 +250,7 @@ impl Engine {
             share_table: None,
             share_at: Instant::ZERO,
             gro_refused: false,
+            handed_over: false,
             xdp: None,
         }
     }
@@ -317,18 +321,21 @@ impl Engine {
         // idle spin is one timer check and one receive call (with a full round now and then).
         let now = self.now();
         self.counters.rounds = self.counters.rounds.wrapping_add(1);
-        if now.since(self.expected_at) > STALL_NS
-            && self.expected_at != Instant::ZERO
-            && self.host_stalled(now)
-        {
+        let stalled = now.since(self.expected_at) > STALL_NS && self.expected_at != Instant::ZERO;
+        // At most one such round in a row: a caller that keeps the engine waiting between its
+        // calls while traffic keeps coming still gets full rounds (timers, ACKs, probes).
+        let hand_over = !core::mem::take(&mut self.handed_over);
+        if stalled && self.host_stalled(now) && hand_over {
             // What waited in the socket during the stall is handed over before an ACK is sent:
             // the answers the tool posts now carry the ACKs those arrivals call for (sent first,
             // each would go on its own, and the answer without it); they go next round, as after
             // any arrival. Data the arrivals let go (a window that opened) leaves now.
-            self.expected_at = now;
             self.clock_floor = self.clock_floor.max(now);
             self.drain_events();
             self.transmit_all(now, true);
+            self.handed_over = true;
+            // This round's own work (a socket's backlog) is not the next round's lateness.
+            self.expected_at = self.now();
             return true;
         }
         self.expected_at = now;
@@ -395,8 +402,8 @@ impl Engine {
                 // What arrived while this end slept is dated by the kernel: the time to wake up
                 // counts in no RTT and no ACK delay.
                 let now = self.now();
-                self.clock_floor = self.clock_floor.max(now);
                 if self.receive_all(now, RX_BATCH) > 0 {
+                    self.clock_floor = self.clock_floor.max(now);
                     // Handed over before an ACK is sent, as after a stall: the answers the tool
                     // posts carry the ACKs the arrivals call for, which go next round; data the
                     // arrivals let go leaves now.
@@ -405,6 +412,7 @@ impl Engine {
                     self.dirty = true;
                     busy = true;
                 } else {
+                    self.clock_floor = self.clock_floor.max(now);
                     busy |= self.transmit(now);
                     self.drain_events();
                 }

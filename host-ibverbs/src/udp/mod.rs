@@ -532,6 +532,16 @@ impl CompletionQueue {
         (n, active)
     }
 
+    /// Moves up to `max` completions already waiting into `out`, without running the engine;
+    /// returns how many. (After [`CompletionQueue::wait`]: a round now would send the ACKs the
+    /// arrivals call for before the caller could answer them.)
+    pub fn take_ready(&self, out: &mut Vec<WorkCompletion>, max: usize) -> usize {
+        let mut q = self.shared.queue.borrow_mut();
+        let n = max.min(q.len());
+        out.extend(q.drain(..n));
+        n
+    }
+
     /// Runs the engine until a completion is there or `timeout` passes.
     pub fn wait(&self, timeout: Duration) -> Option<WorkCompletion> {
         let end = Instant::now() + timeout;

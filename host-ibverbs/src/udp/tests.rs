@@ -951,3 +951,48 @@ fn after_a_stall_the_answer_carries_the_ack_of_what_waited() {
         "the answer carried the ping's ACK, and it was the only one"
     );
 }
+
+/// A caller that keeps the engine waiting between every call while pings keep coming still gets
+/// its ACKs out: after a round that handed over what waited and sent no ACK, the next round is a
+/// full one, stalled or not.
+#[test]
+fn stalls_in_a_row_do_not_hold_acks_back() {
+    let (a, qa, b, qb) = pair(&QpAttr::default());
+    let src = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let rbuf = b.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    for i in 0..2 {
+        qb.post_recv(i, 0, rbuf.sge(i as usize * 64, 64)).unwrap();
+    }
+    let ping = |id: u64| {
+        qa.post_send(&SendWr {
+            wr_id: id,
+            op: WrOp::SendWithImm(id as u32),
+            stream: 0,
+            local: src.sge(0, 8),
+            remote: RemoteAddr::default(),
+        })
+        .unwrap();
+    };
+    let mut wb = Vec::new();
+    b.cq.poll(&mut wb, 8);
+    for (k, id) in [10u64, 11].into_iter().enumerate() {
+        ping(id);
+        std::thread::sleep(Duration::from_millis(3));
+        let stalls = b.ctx.counters().host_stalls;
+        b.cq.poll(&mut wb, 8);
+        assert_eq!(b.ctx.counters().host_stalls, stalls + 1, "stall {k} seen");
+        assert_eq!(wb.len(), k + 1, "ping {k} handed over");
+        let acks = qb.counters().acks_sent;
+        if k == 0 {
+            assert_eq!(
+                acks, 0,
+                "the first stall's round holds its ACK for an answer"
+            );
+        } else {
+            assert!(
+                acks >= 1,
+                "the second stall in a row is a full round: ACKs go"
+            );
+        }
+    }
+}
