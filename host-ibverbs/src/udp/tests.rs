@@ -901,6 +901,18 @@ fn paths_that_keep_moving_leave_no_sockets_behind() {
     );
 }
 
+/// Posts an 8-byte Send with immediate `id` from the start of `mr` (a ping or its answer).
+fn send_imm(qp: &QueuePair, id: u64, mr: &MemoryRegion) {
+    qp.post_send(&SendWr {
+        wr_id: id,
+        op: WrOp::SendWithImm(id as u32),
+        stream: 0,
+        local: mr.sge(0, 8),
+        remote: RemoteAddr::default(),
+    })
+    .unwrap();
+}
+
 /// An end that did not run for a while (its host gave the CPU to others) finds a ping waiting:
 /// the round that reads it hands the completion over before it sends anything, so the answer
 /// the tool posts carries the ping's ACK, and no ACK goes on its own.
@@ -913,22 +925,12 @@ fn after_a_stall_the_answer_carries_the_ack_of_what_waited() {
     let arecv = a.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
     qa.post_recv(1, 0, arecv.sge(0, 64)).unwrap();
     qb.post_recv(2, 0, rbuf.sge(0, 64)).unwrap();
-    let send = |qp: &QueuePair, id: u64, mr: &MemoryRegion| {
-        qp.post_send(&SendWr {
-            wr_id: id,
-            op: WrOp::SendWithImm(id as u32),
-            stream: 0,
-            local: mr.sge(0, 8),
-            remote: RemoteAddr::default(),
-        })
-        .unwrap();
-    };
     // Both have run (their rounds are expected), then A's ping leaves (a post sends at once) and
     // waits in B's socket while neither runs for well over the stall threshold.
     let (mut wa, mut wb) = (Vec::new(), Vec::new());
     a.cq.poll(&mut wa, 8);
     b.cq.poll(&mut wb, 8);
-    send(&qa, 10, &src);
+    send_imm(&qa, 10, &src);
     std::thread::sleep(Duration::from_millis(3));
     let stalls = b.ctx.counters().host_stalls;
     let end = Instant::now() + Duration::from_secs(5);
@@ -938,7 +940,7 @@ fn after_a_stall_the_answer_carries_the_ack_of_what_waited() {
     assert_eq!(b.ctx.counters().host_stalls, stalls + 1, "B saw its stall");
     assert_eq!(wb.len(), 1, "B has the ping");
     assert_eq!(qb.counters().acks_sent, 0, "no ACK went before the answer");
-    send(&qb, 20, &answer);
+    send_imm(&qb, 20, &answer);
     let (wa, _) = pump(&a, &b, 2, 0);
     assert!(wa
         .iter()
@@ -963,20 +965,10 @@ fn stalls_in_a_row_do_not_hold_acks_back() {
     for i in 0..2 {
         qb.post_recv(i, 0, rbuf.sge(i as usize * 64, 64)).unwrap();
     }
-    let ping = |id: u64| {
-        qa.post_send(&SendWr {
-            wr_id: id,
-            op: WrOp::SendWithImm(id as u32),
-            stream: 0,
-            local: src.sge(0, 8),
-            remote: RemoteAddr::default(),
-        })
-        .unwrap();
-    };
     let mut wb = Vec::new();
     b.cq.poll(&mut wb, 8);
     for (k, id) in [10u64, 11].into_iter().enumerate() {
-        ping(id);
+        send_imm(&qa, id, &src);
         std::thread::sleep(Duration::from_millis(3));
         let stalls = b.ctx.counters().host_stalls;
         b.cq.poll(&mut wb, 8);
