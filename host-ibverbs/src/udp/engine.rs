@@ -326,14 +326,7 @@ impl Engine {
         // calls while traffic keeps coming still gets full rounds (timers, ACKs, probes).
         let hand_over = !core::mem::take(&mut self.handed_over);
         if stalled && self.host_stalled(now) && hand_over {
-            // What waited in the socket during the stall is handed over before an ACK is sent:
-            // the answers the tool posts now carry the ACKs those arrivals call for (sent first,
-            // each would go on its own, and the answer without it); they go next round, as after
-            // any arrival. Data the arrivals let go (a window that opened) leaves now.
-            self.clock_floor = self.clock_floor.max(now);
-            self.drain_events();
-            self.transmit_all(now, true);
-            self.handed_over = true;
+            self.hand_over(now);
             // This round's own work (a socket's backlog) is not the next round's lateness.
             self.expected_at = self.now();
             return true;
@@ -403,13 +396,7 @@ impl Engine {
                 // counts in no RTT and no ACK delay.
                 let now = self.now();
                 if self.receive_all(now, RX_BATCH) > 0 {
-                    self.clock_floor = self.clock_floor.max(now);
-                    // Handed over before an ACK is sent, as after a stall: the answers the tool
-                    // posts carry the ACKs the arrivals call for, which go next round; data the
-                    // arrivals let go leaves now.
-                    self.drain_events();
-                    self.transmit_all(now, true);
-                    self.dirty = true;
+                    self.hand_over(now);
                     busy = true;
                 } else {
                     self.clock_floor = self.clock_floor.max(now);
@@ -420,6 +407,18 @@ impl Engine {
             }
         }
         busy
+    }
+
+    /// What arrived after a stall or a sleep is handed over before an ACK is sent: the answers
+    /// the tool posts now carry the ACKs those arrivals call for (sent first, each would go on
+    /// its own, and the answer without it); they go next round, as after any arrival, and the
+    /// next round is a full one. Data the arrivals let go (a window that opened) leaves now.
+    fn hand_over(&mut self, now: Instant) {
+        self.clock_floor = self.clock_floor.max(now);
+        self.drain_events();
+        self.transmit_all(now, true);
+        self.dirty = true;
+        self.handed_over = true;
     }
 
     /// Sleeps until a datagram waits on the UDP socket or an AF_XDP socket, or `timeout_ns`
