@@ -88,10 +88,65 @@ impl Hasher for FastHasher {
 /// A hash map with [`FastHasher`].
 pub(crate) type HashMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<FastHasher>>;
 
-/// Receive buffers per batch. Each may hold a GRO batch of up to 64 KiB: 8 of them (512 KiB)
-/// still sit in the cache when the engine reads them after the call; 32 (2 MiB) did not, and
-/// every datagram's first read missed (across a veth, 4 queue pairs: 14 Gb/s at 32, 20 at 8).
-const RX_BATCH: usize = 8;
+/// Most receive buffers per batch. Each may hold a GRO batch of up to 64 KiB, which the engine
+/// reads (ICRC, placement) after the call: the batch must still sit in the core's second-level
+/// cache then. On an Intel Xeon VM (2 MiB L2) 8 of them (512 KiB) did; 32 (2 MiB) did not, and
+/// every datagram's first read missed (across a veth, 4 queue pairs: 14 Gb/s at 32, 20 at 8). On
+/// an AMD EPYC VM (512 KiB L2) 4 moved more than 8 and than 2 ([`rx_batch_for_l2`]).
+const RX_BATCH_MAX: usize = 8;
+/// Fewest receive buffers per batch.
+const RX_BATCH_MIN: usize = 2;
+/// Bytes of one receive buffer: a GRO batch of up to 64 KiB.
+const RX_BUF: usize = 65536;
+
+/// Receive buffers per batch for a core with `l2` bytes of second-level cache: as many as fill
+/// half of it, from [`RX_BATCH_MIN`] to [`RX_BATCH_MAX`] ([`RX_BATCH_MAX`] when the size is not
+/// known). Across a veth at MTU 1500 on an AMD EPYC VM (512 KiB L2), `write-bw -D 3` medians of
+/// six interleaved rounds: 8 buffers 16.80 Gb/s idle and 7.46 beside two busy loops, 4 buffers
+/// 17.37 and 8.46, 2 buffers 16.30 and 7.93 (docs/BENCHMARKS.md).
+pub(crate) fn rx_batch_for_l2(l2: Option<usize>) -> usize {
+    l2.map_or(RX_BATCH_MAX, |b| {
+        (b / 2 / RX_BUF).clamp(RX_BATCH_MIN, RX_BATCH_MAX)
+    })
+}
+
+/// The size of a cache in sysfs's notation (`512K`, `2048K`, `32M`), in bytes.
+pub(crate) fn parse_cache_size(text: &str) -> Option<usize> {
+    let t = text.trim();
+    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => t.split_at(i),
+        None => (t, ""),
+    };
+    let n: usize = digits.parse().ok()?;
+    let mult = match unit {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+/// The second-level cache of the first CPU, if the system says.
+fn l2_bytes() -> Option<usize> {
+    l2_bytes_in(std::path::Path::new("/sys/devices/system/cpu/cpu0/cache"))
+}
+
+/// The second-level cache (the unified or data cache of level 2) among the `index*` entries of
+/// `dir`, as Linux lists a CPU's caches in sysfs.
+pub(crate) fn l2_bytes_in(dir: &std::path::Path) -> Option<usize> {
+    (0..8).find_map(|i| {
+        let dir = dir.join(format!("index{i}"));
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok();
+        let level = read("level")?;
+        let kind = read("type")?;
+        if level.trim() != "2" || kind.trim() == "Instruction" {
+            return None;
+        }
+        parse_cache_size(&read("size")?)
+    })
+}
 /// Receive batches per progress call before the engine transmits again.
 const RX_ROUNDS: usize = 4;
 
@@ -161,7 +216,9 @@ pub(crate) struct Engine {
     path_cache: [Option<StagedPath>; PATH_CACHE],
     /// Stages holding datagrams, to be flushed.
     queued: Vec<usize>,
-    /// Datagrams the next receive call asks for (1 to `RX_BATCH`).
+    /// Receive buffers in `rx_batch`: the most datagrams (or GRO batches) one call reads.
+    rx_batch_len: usize,
+    /// Datagrams the next receive call asks for (1 to `rx_batch_len`).
     rx_want: usize,
     /// The last receive call filled up.
     rx_full: bool,
@@ -216,6 +273,7 @@ impl Engine {
     ) -> Engine {
         let local_ip = rx.local_addr().ip();
         let in_place = in_place && pcap.is_none();
+        let rx_batch_len = rx_batch_for_l2(l2_bytes());
         Engine {
             epoch: super::socket::monotonic_ns(),
             clock_floor: Instant::ZERO,
@@ -228,7 +286,8 @@ impl Engine {
             mems: Mems::new(),
             counters: EngineCounters::default(),
             pcap,
-            rx_batch: Some(Box::new(RecvBatch::new(RX_BATCH, 65536))),
+            rx_batch: Some(Box::new(RecvBatch::new(rx_batch_len, RX_BUF))),
+            rx_batch_len,
             scratch: vec![0u8; 65536],
             stages: Vec::new(),
             stage_of: HashMap::default(),
@@ -362,7 +421,7 @@ impl Engine {
             got_any |= got > 0;
             if got == want {
                 if self.rx_full {
-                    self.rx_want = (want * 2).min(RX_BATCH);
+                    self.rx_want = (want * 2).min(self.rx_batch_len);
                 }
                 self.rx_full = true;
             } else {
@@ -371,7 +430,7 @@ impl Engine {
                     self.rx_want = got / 2 + 1;
                 }
             }
-            if got < RX_BATCH {
+            if got < self.rx_batch_len {
                 break;
             }
         }
@@ -395,7 +454,7 @@ impl Engine {
                 // What arrived while this end slept is dated by the kernel: the time to wake up
                 // counts in no RTT and no ACK delay.
                 let now = self.now();
-                if self.receive_all(now, RX_BATCH) > 0 {
+                if self.receive_all(now, self.rx_batch_len) > 0 {
                     self.hand_over(now);
                     busy = true;
                 } else {
@@ -448,9 +507,9 @@ impl Engine {
         self.counters.host_stalls += 1;
         let mut got = 0;
         for _ in 0..16 {
-            let n = self.receive_all(now, RX_BATCH);
+            let n = self.receive_all(now, self.rx_batch_len);
             got += n;
-            if n < RX_BATCH {
+            if n < self.rx_batch_len {
                 break;
             }
         }

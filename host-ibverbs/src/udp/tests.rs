@@ -988,3 +988,78 @@ fn stalls_in_a_row_do_not_hold_acks_back() {
         }
     }
 }
+
+/// A receive batch fills at most half of the core's second-level cache, between two and eight
+/// 64 KiB buffers, and eight where the size is not known (as before the rule).
+#[test]
+fn the_receive_batch_fits_half_of_the_second_level_cache() {
+    use engine::rx_batch_for_l2;
+    for (l2, want) in [
+        (None, 8),
+        (Some(128 << 10), 2),
+        (Some(256 << 10), 2),
+        (Some(512 << 10), 4),
+        (Some(1 << 20), 8),
+        (Some(2 << 20), 8),
+        (Some(32 << 20), 8),
+        (Some(0), 2),
+    ] {
+        assert_eq!(rx_batch_for_l2(l2), want, "L2 {l2:?}");
+    }
+}
+
+#[test]
+fn cache_sizes_read_as_sysfs_writes_them() {
+    use engine::parse_cache_size;
+    assert_eq!(parse_cache_size("512K\n"), Some(512 << 10));
+    assert_eq!(parse_cache_size("2048K"), Some(2 << 20));
+    assert_eq!(parse_cache_size("32M"), Some(32 << 20));
+    assert_eq!(parse_cache_size("1G"), Some(1 << 30));
+    assert_eq!(parse_cache_size("4096"), Some(4096));
+    for bad in ["", "K", "12Q", "-1K", "1.5M", "99999999999999999999999G"] {
+        assert_eq!(parse_cache_size(bad), None, "{bad:?}");
+    }
+}
+
+/// The second-level cache is found among a CPU's cache entries as Linux lists them, whatever
+/// their order; an instruction cache or another level is not taken for it.
+#[test]
+fn the_second_level_cache_is_read_from_the_cpus_cache_entries() {
+    let root = std::env::temp_dir().join(format!("metaroce-l2-{}", std::process::id()));
+    let write = |dir: &std::path::Path, entries: &[(&str, &str, &str)]| {
+        let _ = std::fs::remove_dir_all(dir);
+        for (i, (level, kind, size)) in entries.iter().enumerate() {
+            let d = dir.join(format!("index{i}"));
+            std::fs::create_dir_all(&d).expect("mkdir");
+            std::fs::write(d.join("level"), format!("{level}\n")).expect("level");
+            std::fs::write(d.join("type"), format!("{kind}\n")).expect("type");
+            std::fs::write(d.join("size"), format!("{size}\n")).expect("size");
+        }
+    };
+    let amd = root.join("amd");
+    write(
+        &amd,
+        &[
+            ("1", "Data", "32K"),
+            ("1", "Instruction", "32K"),
+            ("2", "Unified", "512K"),
+            ("3", "Unified", "32768K"),
+        ],
+    );
+    assert_eq!(engine::l2_bytes_in(&amd), Some(512 << 10));
+    let odd = root.join("odd");
+    write(
+        &odd,
+        &[
+            ("2", "Instruction", "64K"),
+            ("3", "Unified", "8M"),
+            ("2", "Data", "1M"),
+        ],
+    );
+    assert_eq!(engine::l2_bytes_in(&odd), Some(1 << 20));
+    let none = root.join("none");
+    write(&none, &[("1", "Data", "48K"), ("3", "Unified", "8M")]);
+    assert_eq!(engine::l2_bytes_in(&none), None);
+    assert_eq!(engine::l2_bytes_in(&root.join("missing")), None);
+    let _ = std::fs::remove_dir_all(&root);
+}
