@@ -89,8 +89,8 @@ impl Hasher for FastHasher {
 pub(crate) type HashMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<FastHasher>>;
 
 /// Most receive buffers per batch. Each may hold a GRO batch of up to 64 KiB, which the engine
-/// reads (ICRC, placement) after the call: the batch must still sit in the core's second-level
-/// cache then. On an Intel Xeon VM (2 MiB L2) 8 of them (512 KiB) did; 32 (2 MiB) did not, and
+/// reads (ICRC, placement) after the call: the batch must still sit in the second-level cache
+/// then. On an Intel Xeon VM (2 MiB L2) 8 of them (512 KiB) did; 32 (2 MiB) did not, and
 /// every datagram's first read missed (across a veth, 4 queue pairs: 14 Gb/s at 32, 20 at 8). On
 /// an AMD EPYC VM (512 KiB L2) 4 moved more than 8 and than 2 ([`rx_batch_for_l2`]).
 const RX_BATCH_MAX: usize = 8;
@@ -99,11 +99,13 @@ const RX_BATCH_MIN: usize = 2;
 /// Bytes of one receive buffer: a GRO batch of up to 64 KiB.
 const RX_BUF: usize = 65536;
 
-/// Receive buffers per batch for a core with `l2` bytes of second-level cache: as many as fill
-/// half of it, from [`RX_BATCH_MIN`] to [`RX_BATCH_MAX`] ([`RX_BATCH_MAX`] when the size is not
-/// known). Across a veth at MTU 1500 on an AMD EPYC VM (512 KiB L2), `write-bw -D 3` medians of
-/// six interleaved rounds: 8 buffers 16.80 Gb/s idle and 7.46 beside two busy loops, 4 buffers
-/// 17.37 and 8.46, 2 buffers 16.30 and 7.93 (docs/BENCHMARKS.md).
+/// Receive buffers per batch for a CPU with `l2` bytes of second-level cache to itself: as many as
+/// fill half of it, from [`RX_BATCH_MIN`] to [`RX_BATCH_MAX`] ([`RX_BATCH_MAX`] when the size is
+/// not known). Across a veth at MTU 1500 on an AMD EPYC VM (512 KiB L2 per core), `write-bw -D 3`,
+/// medians of interleaved rounds, idle and beside two busy loops: 8 buffers 16.80 and 7.46 Gb/s
+/// against 4 buffers' 17.37 and 8.46 (six rounds; ten more: 16.48 and 7.19 against 17.11 and
+/// 8.18); in another series 2 buffers 16.30 and 7.93 against 4 buffers' 17.17 and 8.41
+/// (docs/BENCHMARKS.md).
 pub(crate) fn rx_batch_for_l2(l2: Option<usize>) -> usize {
     l2.map_or(RX_BATCH_MAX, |b| {
         (b / 2 / RX_BUF).clamp(RX_BATCH_MIN, RX_BATCH_MAX)
@@ -128,13 +130,16 @@ pub(crate) fn parse_cache_size(text: &str) -> Option<usize> {
     n.checked_mul(mult)
 }
 
-/// The second-level cache of the first CPU, if the system says.
+/// The second-level cache of the first CPU, divided among the CPUs that share it, if the system
+/// says. (The engine's thread may run on any CPU; where they differ, as on hybrid parts, the
+/// first one's stands for all.)
 fn l2_bytes() -> Option<usize> {
     l2_bytes_in(std::path::Path::new("/sys/devices/system/cpu/cpu0/cache"))
 }
 
 /// The second-level cache (the unified or data cache of level 2) among the `index*` entries of
-/// `dir`, as Linux lists a CPU's caches in sysfs.
+/// `dir`, as Linux lists a CPU's caches in sysfs: its size divided by the CPUs in its
+/// `shared_cpu_list` (a cluster's shared L2 counts for each of its cores by its share).
 pub(crate) fn l2_bytes_in(dir: &std::path::Path) -> Option<usize> {
     (0..8).find_map(|i| {
         let dir = dir.join(format!("index{i}"));
@@ -144,7 +149,29 @@ pub(crate) fn l2_bytes_in(dir: &std::path::Path) -> Option<usize> {
         if level.trim() != "2" || kind.trim() == "Instruction" {
             return None;
         }
-        parse_cache_size(&read("size")?)
+        let size = parse_cache_size(&read("size")?)?;
+        let sharers = read("shared_cpu_list")
+            .and_then(|l| count_cpu_list(&l))
+            .unwrap_or(1);
+        Some(size / sharers.max(1))
+    })
+}
+
+/// How many CPUs a list in the kernel's notation names (`0`, `0-3`, `0,2,4-5`).
+pub(crate) fn count_cpu_list(text: &str) -> Option<usize> {
+    let t = text.trim();
+    if t.is_empty() {
+        return None;
+    }
+    t.split(',').try_fold(0usize, |n, part| {
+        let (lo, hi) = match part.split_once('-') {
+            Some((a, b)) => (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?),
+            None => {
+                let a = part.parse::<usize>().ok()?;
+                (a, a)
+            }
+        };
+        n.checked_add(hi.checked_sub(lo)?.checked_add(1)?)
     })
 }
 /// Receive batches per progress call before the engine transmits again.
@@ -427,7 +454,7 @@ impl Engine {
             } else {
                 self.rx_full = false;
                 if got > 0 {
-                    self.rx_want = got / 2 + 1;
+                    self.rx_want = (got / 2 + 1).min(self.rx_batch_len);
                 }
             }
             if got < self.rx_batch_len {

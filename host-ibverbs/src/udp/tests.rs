@@ -1061,5 +1061,30 @@ fn the_second_level_cache_is_read_from_the_cpus_cache_entries() {
     write(&none, &[("1", "Data", "48K"), ("3", "Unified", "8M")]);
     assert_eq!(engine::l2_bytes_in(&none), None);
     assert_eq!(engine::l2_bytes_in(&root.join("missing")), None);
+    // A level-2 cache four cores share (an Arm cluster's): each core's share.
+    let cluster = root.join("cluster");
+    write(&cluster, &[("1", "Data", "32K"), ("2", "Unified", "1024K")]);
+    std::fs::write(cluster.join("index1/shared_cpu_list"), "0-3\n").expect("list");
+    assert_eq!(engine::l2_bytes_in(&cluster), Some(256 << 10));
+    // An unreadable list counts the cache as the CPU's own.
+    std::fs::write(cluster.join("index1/shared_cpu_list"), "zero\n").expect("list");
+    assert_eq!(engine::l2_bytes_in(&cluster), Some(1 << 20));
     let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn cpu_lists_count_as_the_kernel_writes_them() {
+    use engine::count_cpu_list;
+    for (list, n) in [
+        ("0", 1),
+        ("0-1\n", 2),
+        ("0-3", 4),
+        ("0,2,4-5", 4),
+        ("8-15,24-31", 16),
+    ] {
+        assert_eq!(count_cpu_list(list), Some(n), "{list:?}");
+    }
+    for bad in ["", "3-1", "a", "0-", "-1", "0,,1", "99999999999999999999"] {
+        assert_eq!(count_cpu_list(bad), None, "{bad:?}");
+    }
 }

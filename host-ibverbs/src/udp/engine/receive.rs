@@ -29,7 +29,14 @@ impl Engine {
         if self.xdp.is_none() {
             return self.receive_socket(now, want);
         }
-        let got = self.receive_xdp(want);
+        // The ring's frames sit in the UMEM, not in the socket's receive buffers: a full batch
+        // takes as many as it did before the buffers followed the cache.
+        let ring_want = if want >= self.rx_batch_len {
+            super::RX_BATCH_MAX
+        } else {
+            want
+        };
+        let got = self.receive_xdp(ring_want);
         if socket {
             got + self.receive_socket(now, want)
         } else {
