@@ -1036,30 +1036,27 @@ fn the_second_level_cache_is_read_from_the_cpus_cache_entries() {
             std::fs::write(d.join("size"), format!("{size}\n")).expect("size");
         }
     };
-    let amd = root.join("amd");
-    write(
-        &amd,
-        &[
-            ("1", "Data", "32K"),
-            ("1", "Instruction", "32K"),
-            ("2", "Unified", "512K"),
-            ("3", "Unified", "32768K"),
-        ],
-    );
-    assert_eq!(engine::l2_bytes_in(&amd), Some(512 << 10));
-    let odd = root.join("odd");
-    write(
-        &odd,
-        &[
-            ("2", "Instruction", "64K"),
-            ("3", "Unified", "8M"),
-            ("2", "Data", "1M"),
-        ],
-    );
-    assert_eq!(engine::l2_bytes_in(&odd), Some(1 << 20));
-    let none = root.join("none");
-    write(&none, &[("1", "Data", "48K"), ("3", "Unified", "8M")]);
-    assert_eq!(engine::l2_bytes_in(&none), None);
+    let amd: &[(&str, &str, &str)] = &[
+        ("1", "Data", "32K"),
+        ("1", "Instruction", "32K"),
+        ("2", "Unified", "512K"),
+        ("3", "Unified", "32768K"),
+    ];
+    let odd: &[(&str, &str, &str)] = &[
+        ("2", "Instruction", "64K"),
+        ("3", "Unified", "8M"),
+        ("2", "Data", "1M"),
+    ];
+    let none: &[(&str, &str, &str)] = &[("1", "Data", "48K"), ("3", "Unified", "8M")];
+    for (name, entries, want) in [
+        ("amd", amd, Some(512 << 10)),
+        ("odd", odd, Some(1 << 20)),
+        ("none", none, None),
+    ] {
+        let dir = root.join(name);
+        write(&dir, entries);
+        assert_eq!(engine::l2_bytes_in(&dir), want, "{name}");
+    }
     assert_eq!(engine::l2_bytes_in(&root.join("missing")), None);
     // A level-2 cache four cores share (an Arm cluster's): each core's share.
     let cluster = root.join("cluster");
