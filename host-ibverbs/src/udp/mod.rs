@@ -524,12 +524,7 @@ impl CompletionQueue {
         if self.shared.queue.borrow().is_empty() {
             active = self.ctx.progress(Duration::ZERO);
         }
-        let mut q = self.shared.queue.borrow_mut();
-        let n = max.min(q.len());
-        if n > 0 {
-            out.extend(q.drain(..n));
-        }
-        (n, active)
+        (self.take_ready(out, max), active)
     }
 
     /// Moves up to `max` completions already waiting into `out`, without running the engine;
@@ -538,7 +533,9 @@ impl CompletionQueue {
     pub fn take_ready(&self, out: &mut Vec<WorkCompletion>, max: usize) -> usize {
         let mut q = self.shared.queue.borrow_mut();
         let n = max.min(q.len());
-        out.extend(q.drain(..n));
+        if n > 0 {
+            out.extend(q.drain(..n));
+        }
         n
     }
 
