@@ -37,11 +37,8 @@ cleanup() {
   rm -f "${summary:-}" "${srv:-}" "${log:-}"
 }
 trap cleanup EXIT
-ip netns add "$A"; ip netns add "$B"
-ip link add va netns "$A" type veth peer name vb netns "$B"
-ip -n "$A" addr add 10.81.0.1/24 dev va; ip -n "$B" addr add 10.81.0.2/24 dev vb
-for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
-ip -n "$A" link set va up; ip -n "$B" link set vb up
+. scripts/veth-pair.sh
+veth_pair "$A" "$B" 1500 10.81.0
 set_loss() {
   for ns in "$A" "$B"; do
     ip netns exec "$ns" nft delete table inet mrloss 2>/dev/null || true

@@ -36,11 +36,8 @@ cleanup() {
   ip netns del "$A" 2>/dev/null || true; ip netns del "$B" 2>/dev/null || true
 }
 trap cleanup EXIT
-ip netns add "$A"; ip netns add "$B"
-ip link add va netns "$A" mtu "$MTU" type veth peer name vb netns "$B" mtu "$MTU"
-ip -n "$A" addr add 10.78.0.1/24 dev va; ip -n "$B" addr add 10.78.0.2/24 dev vb
-for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
-ip -n "$A" link set va up; ip -n "$B" link set vb up
+. scripts/veth-pair.sh
+veth_pair "$A" "$B" "$MTU" 10.78.0
 loops=""
 start_loops() { for i in 1 2; do (while :; do :; done) & loops="$loops $!"; done; }
 stop_loops() { for p in $loops; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; loops=""; }

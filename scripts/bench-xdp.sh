@@ -27,11 +27,8 @@ X=$T/release/examples/xdp_probe
 A=mrxdp_a$$; B=mrxdp_b$$
 cleanup() { ip netns del "$A" 2>/dev/null || true; ip netns del "$B" 2>/dev/null || true; }
 trap cleanup EXIT
-ip netns add "$A"; ip netns add "$B"
-ip link add va netns "$A" mtu 1500 type veth peer name vb netns "$B" mtu 1500
-ip -n "$A" addr add 10.78.1.1/24 dev va; ip -n "$B" addr add 10.78.1.2/24 dev vb
-for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
-ip -n "$A" link set va up; ip -n "$B" link set vb up
+. scripts/veth-pair.sh
+veth_pair "$A" "$B" 1500 10.78.1
 ina() { ip netns exec "$A" "$@"; }
 inb() { ip netns exec "$B" "$@"; }
 p50() { python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["p50_us"])'; }
