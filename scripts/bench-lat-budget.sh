@@ -5,11 +5,13 @@
 #   - the same plain ping-pong again: p99 against p99 of the same program (the noise floor);
 #   - the plain ping-pong with `--work NS` for each NS given: both ends spin NS nanoseconds between
 #     a datagram's arrival and the answer, as an engine's processing would;
-#   - `metaroce write-lat` (UDP transport, defaults).
+#   - `metaroce write-lat` (UDP transport, defaults);
+#   - with DOORBELL=1, the plain ping-pong with `--doorbell` (needs root): each end notices an
+#     arrival from a counter a socket filter keeps in its memory, with no empty receive call.
 # Prints one line per round (p50 and p99 half round trips, microseconds) and, per variant, the
 # median p50 and p99 ratios to the baseline and in how many rounds p99 was within 1.5x.
 #
-# Usage: scripts/bench-lat-budget.sh [ROUNDS] [ITERS] [SIZE] [NS ...]   (default NS: 200 400 700)
+# Usage: [DOORBELL=1] scripts/bench-lat-budget.sh [ROUNDS] [ITERS] [SIZE] [NS ...]   (default NS: 200 400 700)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-10}
@@ -39,6 +41,9 @@ for r in $(seq 1 "$ROUNDS"); do
   for w in "${WORK[@]}"; do
     line="$line|work$w $(plain 18801 --work "$w")"
   done
+  if [ "${DOORBELL:-0}" = 1 ]; then
+    line="$line|doorbell $(plain 18801 --doorbell)"
+  fi
   $M write-lat --once -p 18802 >/dev/null 2>&1 &
   sleep 0.3
   j=$($M write-lat 127.0.0.1 -p 18802 -s "$SIZE" -n "$ITERS" --json 2>/dev/null)

@@ -3,8 +3,8 @@
 //! reporting half the round trip as perftest does.
 //!
 //! ```text
-//! udp_pingpong server PORT [--like-transport] [--work NS]
-//! udp_pingpong client HOST:PORT SIZE ITERATIONS [--like-transport] [--work NS] [--samples FILE]   # one JSON line
+//! udp_pingpong server PORT [--like-transport] [--work NS] [--doorbell]
+//! udp_pingpong client HOST:PORT SIZE ITERATIONS [--like-transport] [--work NS] [--doorbell] [--samples FILE]   # one JSON line
 //! ```
 //!
 //! `--like-transport` (both ends) gives the ping-pong the socket features the UDP transport uses,
@@ -23,9 +23,17 @@
 //! `--work NS` (both ends) spins NS nanoseconds between receiving a datagram and answering it, as
 //! an engine's processing would: it shows what a given cost per hop does to p50 and p99 on the
 //! machine at hand (`scripts/bench-lat-budget.sh`).
+//!
+//! `--doorbell` (both ends; root, or CAP_BPF and CAP_NET_ADMIN) notices an arrival without a system
+//! call: a socket filter (eBPF) counts every datagram the kernel queues on the receiving socket in
+//! a map this process has mapped into its memory, and the end spins on that counter, calling
+//! `recv` only once it has moved. It tells whether the half of an empty receive call that an
+//! arrival waits on average, and the kernel's socket work of the empty calls, are worth removing
+//! from a spinning receiver (`DOORBELL=1 scripts/bench-lat-budget.sh`).
 
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Bytes a 2-byte Write with immediate adds on the wire, from the BTH to the ICRC.
@@ -148,6 +156,131 @@ fn spin_recv(s: &UdpSocket, buf: &mut [u8], cmsg: bool) -> (usize, SocketAddr, u
     }
 }
 
+/// A counter of the datagrams the kernel queued on one socket, kept by a socket filter in a BPF
+/// array map that this process maps into its memory; `taken` is how many of them were read.
+struct Doorbell {
+    count: *const AtomicU64,
+    taken: u64,
+    _map: OwnedFd,
+    _prog: OwnedFd,
+}
+
+/// bpf(2) with a zeroed attribute block that `fill` writes into; the new descriptor.
+fn bpf_fd(cmd: i32, fill: impl FnOnce(&mut [u8; 128])) -> std::io::Result<OwnedFd> {
+    let mut attr = [0u8; 128];
+    fill(&mut attr);
+    // SAFETY: `attr` is a live, writable block as large as the union bpf_attr fields these
+    // commands read; the kernel reads at most its `size` argument of it.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len()) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: BPF_MAP_CREATE and BPF_PROG_LOAD return a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+fn put(attr: &mut [u8; 128], at: usize, bytes: &[u8]) {
+    attr[at..at + bytes.len()].copy_from_slice(bytes);
+}
+
+/// One eBPF instruction: opcode, destination and source registers, offset, immediate.
+fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
+    let mut i = [0u8; 8];
+    i[0] = code;
+    i[1] = (src << 4) | (dst & 0xf);
+    i[2..4].copy_from_slice(&off.to_le_bytes());
+    i[4..8].copy_from_slice(&imm.to_le_bytes());
+    i
+}
+
+impl Doorbell {
+    fn attach(s: &UdpSocket) -> std::io::Result<Doorbell> {
+        const MAP_CREATE: i32 = 0;
+        const PROG_LOAD: i32 = 5;
+        const MAP_TYPE_ARRAY: u32 = 2;
+        const F_MMAPABLE: u32 = 1 << 10;
+        const PROG_TYPE_SOCKET_FILTER: u32 = 1;
+        const SO_ATTACH_BPF: i32 = 50;
+        let map = bpf_fd(MAP_CREATE, |a| {
+            put(a, 0, &MAP_TYPE_ARRAY.to_le_bytes());
+            put(a, 4, &4u32.to_le_bytes()); // key size
+            put(a, 8, &8u32.to_le_bytes()); // value size
+            put(a, 12, &1u32.to_le_bytes()); // entries
+            put(a, 16, &F_MMAPABLE.to_le_bytes());
+        })?;
+        // r6 = ctx; key 0 on the stack; r0 = lookup(map, &key); if r0: atomic *r0 += 1;
+        // return skb->len (the datagram whole).
+        let program: Vec<[u8; 8]> = vec![
+            insn(0xbf, 6, 1, 0, 0),
+            insn(0x62, 10, 0, -4, 0),
+            insn(0xbf, 2, 10, 0, 0),
+            insn(0x07, 2, 0, 0, -4),
+            insn(0x18, 1, 1, 0, map.as_raw_fd()),
+            insn(0, 0, 0, 0, 0),
+            insn(0x85, 0, 0, 0, 1),
+            insn(0x15, 0, 0, 2, 0),
+            insn(0xb7, 1, 0, 0, 1),
+            insn(0xdb, 0, 1, 0, 0),
+            insn(0x61, 0, 6, 0, 0),
+            insn(0x95, 0, 0, 0, 0),
+        ];
+        let code: Vec<u8> = program.concat();
+        let license = b"GPL\0";
+        let prog = bpf_fd(PROG_LOAD, |a| {
+            put(a, 0, &PROG_TYPE_SOCKET_FILTER.to_le_bytes());
+            put(a, 4, &(program.len() as u32).to_le_bytes());
+            put(a, 8, &(code.as_ptr() as u64).to_le_bytes());
+            put(a, 16, &(license.as_ptr() as u64).to_le_bytes());
+        })?;
+        let pfd = prog.as_raw_fd();
+        // SAFETY: `pfd` is a live int for the duration of the call, its size given.
+        let r = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_ATTACH_BPF,
+                (&pfd as *const RawFd).cast(),
+                std::mem::size_of::<RawFd>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: a new shared read-only mapping of the map's one page; no Rust reference to
+        // it exists but the counter read through atomics below.
+        let mem = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                map.as_raw_fd(),
+                0,
+            )
+        };
+        if mem == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Doorbell {
+            count: mem.cast(),
+            taken: 0,
+            _map: map,
+            _prog: prog,
+        })
+    }
+
+    /// Spins until the kernel has queued a datagram not yet taken, and takes it from the count.
+    fn wait(&mut self) {
+        // SAFETY: `count` points into the mapping made in `attach`, which lives as long as
+        // `self` (never unmapped: the process ends with it); the kernel updates it atomically.
+        let count = unsafe { &*self.count };
+        while count.load(Ordering::Acquire) == self.taken {
+            std::hint::spin_loop();
+        }
+        self.taken += 1;
+    }
+}
+
 /// Spins for `work` (an engine's processing of one arrival and its answer, emulated).
 fn busy(work: Option<Duration>) {
     if let Some(w) = work {
@@ -172,6 +305,11 @@ fn main() {
     };
     let work =
         value("--work").map(|v| Duration::from_nanos(v.parse().expect("--work NANOSECONDS")));
+    let doorbell = |s: &UdpSocket| {
+        args.iter()
+            .any(|a| a == "--doorbell")
+            .then(|| Doorbell::attach(s).unwrap_or_else(|e| panic!("--doorbell: {e} (needs root)")))
+    };
     match args.get(1).map(String::as_str) {
         Some("server") => {
             let port = args.get(2).map_or("18700", String::as_str);
@@ -180,10 +318,14 @@ fn main() {
             if like {
                 like_transport(&s, true);
             }
+            let mut bell = doorbell(&s);
             let mut paths: Vec<UdpSocket> = Vec::new();
             let mut turn = 0;
             let mut buf = vec![0u8; 65536];
             loop {
+                if let Some(b) = bell.as_mut() {
+                    b.wait();
+                }
                 let (n, from, _ecn) = spin_recv(&s, &mut buf, like);
                 busy(work);
                 if n == 1 && buf[0] == 0xff {
@@ -220,6 +362,7 @@ fn main() {
                 s.connect(peer).expect("connect");
             }
             s.set_nonblocking(true).expect("nonblocking");
+            let mut bell = doorbell(&s);
             let len = if like {
                 size + TRANSPORT_OVERHEAD
             } else {
@@ -234,6 +377,9 @@ fn main() {
                     s.send_to(&msg, peer).expect("send");
                 } else {
                     s.send(&msg).expect("send");
+                }
+                if let Some(b) = bell.as_mut() {
+                    b.wait();
                 }
                 spin_recv(&s, &mut buf, like);
                 busy(work);
@@ -263,7 +409,7 @@ fn main() {
         }
         _ => {
             eprintln!(
-                "usage: udp_pingpong server PORT [--like-transport] [--work NS] | client HOST:PORT SIZE ITERATIONS [--like-transport] [--work NS] [--samples FILE]"
+                "usage: udp_pingpong server PORT [--like-transport] [--work NS] [--doorbell] | client HOST:PORT SIZE ITERATIONS [--like-transport] [--work NS] [--doorbell] [--samples FILE]"
             );
             std::process::exit(2);
         }
