@@ -7,7 +7,7 @@
 #     a datagram's arrival and the answer, as an engine's processing would;
 #   - `metaroce write-lat` (UDP transport, defaults);
 #   - with DOORBELL=1, the plain ping-pong with `--doorbell` (needs root): each end notices an
-#     arrival from a counter a socket filter keeps in its memory, with no empty receive call.
+#     arrival from a counter a socket filter keeps in its memory, not by empty receive calls.
 # Prints one line per round (p50 and p99 half round trips, microseconds) and, per variant, the
 # median p50 and p99 ratios to the baseline and in how many rounds p99 was within 1.5x.
 #
@@ -21,6 +21,9 @@ shift $(($# < 3 ? $# : 3))
 WORK=("$@")
 [ ${#WORK[@]} -gt 0 ] || WORK=(200 400 700)
 cargo build -q --release -p metaroce-cli --bin metaroce && cargo build -q --release -p host-ibverbs --example udp_pingpong
+if [ "${DOORBELL:-0}" = 1 ] && [ "$(id -u)" != 0 ]; then
+  echo "DOORBELL=1 needs root (a BPF socket filter and map)"; exit 2
+fi
 M=target/release/metaroce
 P=target/release/examples/udp_pingpong
 # The client's JSON line is kept and read after both ends are gone: a reader started beside the

@@ -24,15 +24,18 @@
 //! an engine's processing would: it shows what a given cost per hop does to p50 and p99 on the
 //! machine at hand (`scripts/bench-lat-budget.sh`).
 //!
-//! `--doorbell` (both ends; root, or CAP_BPF and CAP_NET_ADMIN) notices an arrival without a system
-//! call: a socket filter (eBPF) counts every datagram the kernel queues on the receiving socket in
-//! a map this process has mapped into its memory, and the end spins on that counter, calling
-//! `recv` only once it has moved. It tells whether the half of an empty receive call that an
-//! arrival waits on average, and the kernel's socket work of the empty calls, are worth removing
-//! from a spinning receiver (`DOORBELL=1 scripts/bench-lat-budget.sh`).
+//! `--doorbell` (both ends; root, or CAP_BPF and CAP_NET_ADMIN) notices an arrival without an
+//! empty system call: a socket filter (eBPF) counts every datagram it passes on the receiving
+//! socket (the kernel queues it right after) in a map this process has mapped into its memory,
+//! and the end spins on that counter, calling `recv` only once it has moved (and again while the
+//! kernel has not queued the datagram yet). It tells whether the half of an empty receive call
+//! that an arrival waits on average, and the kernel's socket work of the empty calls, are worth
+//! removing from a spinning receiver (`DOORBELL=1 scripts/bench-lat-budget.sh`). A datagram the
+//! filter passes but the kernel drops (a full socket buffer) leaves the count ahead for good: the
+//! end then spins on `recv` as without the option.
 
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -156,8 +159,9 @@ fn spin_recv(s: &UdpSocket, buf: &mut [u8], cmsg: bool) -> (usize, SocketAddr, u
     }
 }
 
-/// A counter of the datagrams the kernel queued on one socket, kept by a socket filter in a BPF
-/// array map that this process maps into its memory; `taken` is how many of them were read.
+/// A counter of the datagrams a socket filter passed on one socket (each is queued right after,
+/// unless the socket's buffer is full), kept in a BPF array map that this process maps into its
+/// memory; `taken` is how many of them were read.
 struct Doorbell {
     count: *const AtomicU64,
     taken: u64,
@@ -165,36 +169,11 @@ struct Doorbell {
     _prog: OwnedFd,
 }
 
-/// bpf(2) with a zeroed attribute block that `fill` writes into; the new descriptor.
-fn bpf_fd(cmd: i32, fill: impl FnOnce(&mut [u8; 128])) -> std::io::Result<OwnedFd> {
-    let mut attr = [0u8; 128];
-    fill(&mut attr);
-    // SAFETY: `attr` is a live, writable block as large as the union bpf_attr fields these
-    // commands read; the kernel reads at most its `size` argument of it.
-    let fd = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len()) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: BPF_MAP_CREATE and BPF_PROG_LOAD return a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-}
-
-fn put(attr: &mut [u8; 128], at: usize, bytes: &[u8]) {
-    attr[at..at + bytes.len()].copy_from_slice(bytes);
-}
-
-/// One eBPF instruction: opcode, destination and source registers, offset, immediate.
-fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
-    let mut i = [0u8; 8];
-    i[0] = code;
-    i[1] = (src << 4) | (dst & 0xf);
-    i[2..4].copy_from_slice(&off.to_le_bytes());
-    i[4..8].copy_from_slice(&imm.to_le_bytes());
-    i
-}
-
 impl Doorbell {
+    /// Attaches the counting filter to `s`. Attach it before the peer sends: a datagram queued
+    /// before is never counted (refused here if one is there).
     fn attach(s: &UdpSocket) -> std::io::Result<Doorbell> {
+        use host_ibverbs::udp::xdp::{bpf_fd, insn, put32, put64};
         const MAP_CREATE: i32 = 0;
         const PROG_LOAD: i32 = 5;
         const MAP_TYPE_ARRAY: u32 = 2;
@@ -202,11 +181,11 @@ impl Doorbell {
         const PROG_TYPE_SOCKET_FILTER: u32 = 1;
         const SO_ATTACH_BPF: i32 = 50;
         let map = bpf_fd(MAP_CREATE, |a| {
-            put(a, 0, &MAP_TYPE_ARRAY.to_le_bytes());
-            put(a, 4, &4u32.to_le_bytes()); // key size
-            put(a, 8, &8u32.to_le_bytes()); // value size
-            put(a, 12, &1u32.to_le_bytes()); // entries
-            put(a, 16, &F_MMAPABLE.to_le_bytes());
+            put32(a, 0, MAP_TYPE_ARRAY);
+            put32(a, 4, 4); // key size
+            put32(a, 8, 8); // value size
+            put32(a, 12, 1); // entries
+            put32(a, 16, F_MMAPABLE);
         })?;
         // r6 = ctx; key 0 on the stack; r0 = lookup(map, &key); if r0: atomic *r0 += 1;
         // return skb->len (the datagram whole).
@@ -227,10 +206,10 @@ impl Doorbell {
         let code: Vec<u8> = program.concat();
         let license = b"GPL\0";
         let prog = bpf_fd(PROG_LOAD, |a| {
-            put(a, 0, &PROG_TYPE_SOCKET_FILTER.to_le_bytes());
-            put(a, 4, &(program.len() as u32).to_le_bytes());
-            put(a, 8, &(code.as_ptr() as u64).to_le_bytes());
-            put(a, 16, &(license.as_ptr() as u64).to_le_bytes());
+            put32(a, 0, PROG_TYPE_SOCKET_FILTER);
+            put32(a, 4, program.len() as u32);
+            put64(a, 8, code.as_ptr() as u64);
+            put64(a, 16, license.as_ptr() as u64);
         })?;
         let pfd = prog.as_raw_fd();
         // SAFETY: `pfd` is a live int for the duration of the call, its size given.
@@ -246,8 +225,19 @@ impl Doorbell {
         if r != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        // SAFETY: a new shared read-only mapping of the map's one page; no Rust reference to
-        // it exists but the counter read through atomics below.
+        let mut queued: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int, the size of the next datagram waiting, to `queued`.
+        if unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut queued) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if queued > 0 {
+            return Err(std::io::Error::other(
+                "a datagram came before the doorbell was attached",
+            ));
+        }
+        // SAFETY: a new shared, read-only mapping of the map's one page (its value at offset
+        // 0), which nothing unmaps: the counter is read through it with relaxed atomic loads
+        // only, as read-only memory allows.
         let mem = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -269,12 +259,14 @@ impl Doorbell {
         })
     }
 
-    /// Spins until the kernel has queued a datagram not yet taken, and takes it from the count.
+    /// Spins until the filter has passed a datagram not yet taken, and takes it from the count
+    /// (the caller then spins on `recv` for the moment until the kernel has queued it).
     fn wait(&mut self) {
-        // SAFETY: `count` points into the mapping made in `attach`, which lives as long as
-        // `self` (never unmapped: the process ends with it); the kernel updates it atomically.
+        // SAFETY: `count` points into the read-only mapping made in `attach`, never unmapped
+        // (it lives as long as the process); the kernel updates the counter atomically, and it
+        // is only read, with relaxed loads (the datagram itself comes through `recv`).
         let count = unsafe { &*self.count };
-        while count.load(Ordering::Acquire) == self.taken {
+        while count.load(Ordering::Relaxed) == self.taken {
             std::hint::spin_loop();
         }
         self.taken += 1;

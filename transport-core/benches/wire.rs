@@ -3,7 +3,8 @@
 //!   included) against etherparse slicing the same frame's Ethernet, IP and UDP headers;
 //! - emit the same frames (lengths, IP checksum and ICRC included) against etherparse building
 //!   Ethernet, IPv4 and UDP headers for the same payload;
-//! - CRC-32 and ICRC throughput on 4 KiB against the `crc` crate's tables.
+//! - CRC-32 and ICRC throughput on 4 KiB against the `crc` crate's tables, and the CRC-32 by length
+//!   (64 bytes to 64 KiB, the payloads the tools send among them) against its slice-by-16 table.
 //!
 //! `cargo bench -p transport-core --bench wire`; results in docs/BENCHMARKS.md.
 

@@ -142,16 +142,23 @@ impl CpuWait {
     }
 }
 
-/// Times the calling thread gave the CPU up of its own accord (it blocked: a sleep, a wait),
-/// for the tests of what a loop does when it waits.
+/// The calling thread's context switches: (voluntary, involuntary). Voluntary: times it gave the
+/// CPU up of its own accord (it blocked: a sleep, a wait); involuntary: times the scheduler took
+/// it away. For the tests of what a loop does when it waits.
 #[cfg(test)]
-pub(crate) fn voluntary_switches() -> i64 {
+pub(crate) fn context_switches() -> (i64, i64) {
     // SAFETY: all-zero bytes are a valid `rusage` (integers and timevals).
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `ru` is a valid, writable rusage for the call.
     let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
     assert_eq!(rc, 0);
-    ru.ru_nvcsw
+    (ru.ru_nvcsw, ru.ru_nivcsw)
+}
+
+/// Times the calling thread gave the CPU up of its own accord (see [`context_switches`]).
+#[cfg(test)]
+pub(crate) fn voluntary_switches() -> i64 {
+    context_switches().0
 }
 
 #[cfg(test)]

@@ -539,19 +539,20 @@ impl CompletionQueue {
         n
     }
 
-    /// Runs the engine until a completion is there or `timeout` passes.
+    /// Runs the engine until a completion is there or `timeout` passes: at least one round,
+    /// also when the thread gets the CPU back only after `timeout` (a contended host), so that
+    /// what arrived meanwhile is taken now and not at the next call.
     pub fn wait(&self, timeout: Duration) -> Option<WorkCompletion> {
         let end = Instant::now() + timeout;
         loop {
             if let Some(wc) = self.shared.queue.borrow_mut().pop_front() {
                 return Some(wc);
             }
-            let now = Instant::now();
-            if now >= end {
-                return None;
+            let left = end.saturating_duration_since(Instant::now());
+            self.ctx.progress(left.min(Duration::from_millis(10)));
+            if left.is_zero() {
+                return self.shared.queue.borrow_mut().pop_front();
             }
-            self.ctx
-                .progress((end - now).min(Duration::from_millis(10)));
         }
     }
 }

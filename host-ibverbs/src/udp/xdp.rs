@@ -188,8 +188,10 @@ fn bpf_attr(cmd: i32, attr: &mut [u8; 128]) -> io::Result<i64> {
     Ok(r)
 }
 
-/// [`bpf`] for a command that makes a descriptor: the descriptor, owned.
-fn bpf_fd(cmd: i32, fill: impl FnOnce(&mut [u8; 128])) -> io::Result<OwnedFd> {
+/// The bpf(2) system call for a command that makes a descriptor (BPF_MAP_CREATE, BPF_PROG_LOAD,
+/// BPF_LINK_CREATE), with a zeroed 128-byte attribute block laid out by `fill`: the descriptor,
+/// owned. (Also for the tools' probes: `examples/udp_pingpong.rs --doorbell`.)
+pub fn bpf_fd(cmd: i32, fill: impl FnOnce(&mut [u8; 128])) -> io::Result<OwnedFd> {
     let fd = RawFd::try_from(bpf(cmd, fill)?)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "bpf: not a descriptor"))?;
     // SAFETY: BPF_MAP_CREATE, BPF_PROG_LOAD and BPF_LINK_CREATE return a new descriptor,
@@ -197,16 +199,18 @@ fn bpf_fd(cmd: i32, fill: impl FnOnce(&mut [u8; 128])) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn put32(a: &mut [u8; 128], at: usize, v: u32) {
+/// Writes `v` at byte `at` of a bpf(2) attribute block.
+pub fn put32(a: &mut [u8; 128], at: usize, v: u32) {
     a[at..at + 4].copy_from_slice(&v.to_ne_bytes());
 }
 
-fn put64(a: &mut [u8; 128], at: usize, v: u64) {
+/// Writes `v` at byte `at` of a bpf(2) attribute block.
+pub fn put64(a: &mut [u8; 128], at: usize, v: u64) {
     a[at..at + 8].copy_from_slice(&v.to_ne_bytes());
 }
 
 /// One eBPF instruction: opcode, destination and source registers, offset, immediate.
-fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
+pub fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
     let mut i = [0u8; 8];
     i[0] = code;
     i[1] = (src << 4) | (dst & 0xf);
