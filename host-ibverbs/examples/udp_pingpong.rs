@@ -173,20 +173,23 @@ impl Doorbell {
     /// Attaches the counting filter to `s`. Attach it before the peer sends: a datagram queued
     /// before is never counted (refused here if one is there).
     fn attach(s: &UdpSocket) -> std::io::Result<Doorbell> {
-        use host_ibverbs::udp::xdp::{bpf_fd, insn, put32, put64};
+        use host_ibverbs::udp::xdp::{bpf_new_fd, insn, put32, put64};
         const MAP_CREATE: i32 = 0;
         const PROG_LOAD: i32 = 5;
         const MAP_TYPE_ARRAY: u32 = 2;
         const F_MMAPABLE: u32 = 1 << 10;
         const PROG_TYPE_SOCKET_FILTER: u32 = 1;
         const SO_ATTACH_BPF: i32 = 50;
-        let map = bpf_fd(MAP_CREATE, |a| {
-            put32(a, 0, MAP_TYPE_ARRAY);
-            put32(a, 4, 4); // key size
-            put32(a, 8, 8); // value size
-            put32(a, 12, 1); // entries
-            put32(a, 16, F_MMAPABLE);
-        })?;
+        // SAFETY: BPF_MAP_CREATE returns a new descriptor; its attributes hold no address.
+        let map = unsafe {
+            bpf_new_fd(MAP_CREATE, |a| {
+                put32(a, 0, MAP_TYPE_ARRAY);
+                put32(a, 4, 4); // key size
+                put32(a, 8, 8); // value size
+                put32(a, 12, 1); // entries
+                put32(a, 16, F_MMAPABLE);
+            })
+        }?;
         // r6 = ctx; key 0 on the stack; r0 = lookup(map, &key); if r0: atomic *r0 += 1;
         // return skb->len (the datagram whole).
         let program: Vec<[u8; 8]> = vec![
@@ -205,12 +208,16 @@ impl Doorbell {
         ];
         let code: Vec<u8> = program.concat();
         let license = b"GPL\0";
-        let prog = bpf_fd(PROG_LOAD, |a| {
-            put32(a, 0, PROG_TYPE_SOCKET_FILTER);
-            put32(a, 4, program.len() as u32);
-            put64(a, 8, code.as_ptr() as u64);
-            put64(a, 16, license.as_ptr() as u64);
-        })?;
+        // SAFETY: BPF_PROG_LOAD returns a new descriptor; the kernel reads `insn_cnt` eight-byte
+        // instructions at `code` and the NUL-terminated `license`, both live for the call.
+        let prog = unsafe {
+            bpf_new_fd(PROG_LOAD, |a| {
+                put32(a, 0, PROG_TYPE_SOCKET_FILTER);
+                put32(a, 4, program.len() as u32);
+                put64(a, 8, code.as_ptr() as u64);
+                put64(a, 16, license.as_ptr() as u64);
+            })
+        }?;
         let pfd = prog.as_raw_fd();
         // SAFETY: `pfd` is a live int for the duration of the call, its size given.
         let r = unsafe {

@@ -188,15 +188,26 @@ fn bpf_attr(cmd: i32, attr: &mut [u8; 128]) -> io::Result<i64> {
     Ok(r)
 }
 
-/// The bpf(2) system call for a command that makes a descriptor (BPF_MAP_CREATE, BPF_PROG_LOAD,
-/// BPF_LINK_CREATE), with a zeroed 128-byte attribute block laid out by `fill`: the descriptor,
-/// owned. (Also for the tools' probes: `examples/udp_pingpong.rs --doorbell`.)
-pub fn bpf_fd(cmd: i32, fill: impl FnOnce(&mut [u8; 128])) -> io::Result<OwnedFd> {
+/// [`bpf`] for a command that makes a descriptor: the descriptor, owned.
+fn bpf_fd(cmd: i32, fill: impl FnOnce(&mut [u8; 128])) -> io::Result<OwnedFd> {
     let fd = RawFd::try_from(bpf(cmd, fill)?)
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "bpf: not a descriptor"))?;
     // SAFETY: BPF_MAP_CREATE, BPF_PROG_LOAD and BPF_LINK_CREATE return a new descriptor,
     // owned by nothing else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The bpf(2) system call for a command that makes a descriptor, with a zeroed 128-byte
+/// attribute block laid out by `fill`: the descriptor, owned. For code outside the datapath (the
+/// tools' probes: `examples/udp_pingpong.rs --doorbell`).
+///
+/// # Safety
+///
+/// `cmd` must be a command that returns a new descriptor (BPF_MAP_CREATE, BPF_PROG_LOAD,
+/// BPF_LINK_CREATE), and every address `fill` writes into the block must point at memory laid out
+/// as the kernel reads or writes it for `cmd`, live for the duration of the call.
+pub unsafe fn bpf_new_fd(cmd: i32, fill: impl FnOnce(&mut [u8; 128])) -> io::Result<OwnedFd> {
+    bpf_fd(cmd, fill)
 }
 
 /// Writes `v` at byte `at` of a bpf(2) attribute block.
