@@ -23,12 +23,15 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 use transport_core::conn::{
-    compute_icrc, Access, CompletionKind, Config, Connection, Event, IcrcMode, RecvRequest, Region,
-    RemoteAddr, WorkRequest, WrOp,
+    compute_icrc, Access, Config, Connection, IcrcMode, Region, RemoteAddr, WorkRequest, WrOp,
 };
 use transport_core::rate::Algorithm;
 use transport_core::time::Instant as CoreInstant;
-use transport_core::wire::{BthRepr, Extensions, Psn, Qpn};
+use transport_core::wire::{BthRepr, Extensions, Qpn};
+
+#[path = "common/hop.rs"]
+mod hop;
+use hop::*;
 
 type Conn = Connection<16, 4096, 2, 64, 4>;
 
@@ -187,108 +190,6 @@ fn bench_receive(c: &mut Criterion) {
         });
     }
     g.finish();
-}
-
-/// As the UDP transport instantiates it (host-ibverbs/src/udp/engine.rs).
-type HostConn = Connection<64, 2048, 8, 128, 32>;
-
-const KEY: u32 = 0x77;
-const BASE: u64 = 0x10_0000;
-
-fn end(local: u8, remote: u8) -> Box<HostConn> {
-    let mut c = config(local, remote, true);
-    c.paths = 8;
-    c.mtu = 4096;
-    c.window_per_path = 16;
-    c.initial_psn = Psn::new(100 * u32::from(local));
-    c.peer_initial_psn = Psn::new(100 * u32::from(remote));
-    let mut conn = Box::new(HostConn::new(c));
-    conn.register(Region {
-        key: KEY,
-        base: BASE,
-        len: 4096,
-        access: Access::REMOTE_WRITE,
-    })
-    .expect("region");
-    for i in 0..16 {
-        conn.post_recv(RecvRequest {
-            id: 1000 + i,
-            stream: 0,
-            addr: 0x9000,
-            len: 64,
-        })
-        .expect("recv");
-    }
-    conn
-}
-
-/// One hop: `from` posts a 2-byte Write with immediate and sends it; `to` takes it in, hands
-/// over its completions and posts its receive buffer again. Returns the datagram's length.
-fn hop(from: &mut HostConn, to: &mut HostConn, now: CoreInstant, id: u64, buf: &mut [u8]) -> usize {
-    let len = hop_send(from, now, id, buf);
-    hop_receive(from, to, now, buf, len);
-    len
-}
-
-/// The sending half of a hop: the post, the data packet and its seal. Returns its length and
-/// leaves the datagram at the start of `buf`; its source port in `buf`'s last two bytes.
-fn hop_send(from: &mut HostConn, now: CoreInstant, id: u64, buf: &mut [u8]) -> usize {
-    from.post(
-        now,
-        WorkRequest {
-            id,
-            op: WrOp::WriteWithImm(id as u32),
-            stream: 0,
-            local_addr: 0x2000,
-            len: 2,
-            remote: RemoteAddr {
-                va: BASE,
-                rkey: KEY,
-            },
-        },
-    )
-    .expect("post");
-    let tx = from.poll_transmit_data(now, buf).expect("a data packet");
-    buf[tx.header_len..tx.header_len + tx.payload_len].fill(0x5a);
-    from.seal(&tx, buf);
-    let n = buf.len();
-    buf[n - 2..].copy_from_slice(&tx.src_port.to_le_bytes());
-    tx.len
-}
-
-/// The receiving half of a hop: the datagram `hop_send` left in `buf` taken in, both ends'
-/// events handed over, the receive buffer posted again.
-fn hop_receive(from: &mut HostConn, to: &mut HostConn, now: CoreInstant, buf: &[u8], len: usize) {
-    let n = buf.len();
-    let port = u16::from_le_bytes([buf[n - 2], buf[n - 1]]);
-    to.handle_datagram(now, port, false, &buf[..len])
-        .expect("accepted");
-    while let Some(ev) = from.poll_event() {
-        black_box(ev);
-    }
-    while let Some(ev) = to.poll_event() {
-        if let Event::Completion(c) = ev {
-            if c.kind == CompletionKind::RecvWriteImm {
-                to.post_recv(RecvRequest {
-                    id: c.id,
-                    stream: 0,
-                    addr: 0x9000,
-                    len: 64,
-                })
-                .expect("recv");
-            }
-        }
-    }
-}
-
-/// Walks `junk` (larger than the first-level data cache), as a hop's system calls and the
-/// kernel's packet path do between two steps of the transport's own work: the connection's
-/// state is then read back from the second level, as in a real ping-pong.
-fn evict(junk: &mut [u8]) {
-    for i in (0..junk.len()).step_by(64) {
-        junk[i] = junk[i].wrapping_add(1);
-    }
-    black_box(&junk[0]);
 }
 
 fn round_trip(c: &mut Criterion) {

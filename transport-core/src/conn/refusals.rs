@@ -69,10 +69,21 @@ impl<const N: usize> RefusalTable<N> {
     }
 
     /// A refusal whose NACK is due at `now` (never sent, or its resend time passed).
+    ///
+    /// The walks over the slots stay out of line: inlined into a caller that reads other timers
+    /// (`poll_timeout`), the compiler loaded every slot before looking at the count, five cache
+    /// lines a call for a table that is almost always empty.
+    #[inline]
     pub(super) fn due(&mut self, now: Instant) -> Option<&mut Refusal> {
         if self.held == 0 {
             return None;
         }
+        self.first_due(now)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn first_due(&mut self, now: Instant) -> Option<&mut Refusal> {
         self.slots
             .iter_mut()
             .flatten()
@@ -80,10 +91,17 @@ impl<const N: usize> RefusalTable<N> {
     }
 
     /// When the next NACK is due (0: at once), if any refusal is held.
+    #[inline]
     pub(super) fn next_due(&self) -> Option<Instant> {
         if self.held == 0 {
             return None;
         }
+        self.earliest_due()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn earliest_due(&self) -> Option<Instant> {
         self.slots
             .iter()
             .flatten()

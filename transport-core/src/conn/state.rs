@@ -286,6 +286,11 @@ impl<const P: usize> AckSchedule<P> {
         self.now.contains(i)
     }
 
+    /// The paths with a delayed ACK (the paths with a deadline), lowest first.
+    pub(super) fn delayed(&self) -> impl Iterator<Item = usize> + use<P> {
+        self.delayed.iter()
+    }
+
     /// A path that owes an ACK: due at once first, then delayed ones.
     pub(super) fn next(&self) -> Option<usize> {
         self.now.first().or_else(|| self.delayed.first())

@@ -131,11 +131,13 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         ] {
             at(timer);
         }
-        for i in 0..usize::from(self.cfg.paths) {
+        // An ACK timer is armed only while its path owes a delayed ACK, a probe timer only
+        // while its path probes, retransmission and overdue timers only while it has something
+        // in flight: the sets name them, and the timers of the other paths are not read (a
+        // path's records are lines of their own).
+        for i in self.acks.delayed() {
             at(Timer::Ack(i));
         }
-        // A probe timer is armed only while its path probes, retransmission and overdue timers
-        // only while it has something in flight.
         for i in self.probing.iter() {
             at(Timer::Probe(i));
         }
