@@ -533,8 +533,13 @@ impl CompletionQueue {
     pub fn take_ready(&self, out: &mut Vec<WorkCompletion>, max: usize) -> usize {
         let mut q = self.shared.queue.borrow_mut();
         let n = max.min(q.len());
-        if n > 0 {
-            out.extend(q.drain(..n));
+        // One by one: `extend` over a drain cost a ping about a hundred instructions for the
+        // single completion it moves.
+        out.reserve(n);
+        for _ in 0..n {
+            if let Some(wc) = q.pop_front() {
+                out.push(wc);
+            }
         }
         n
     }

@@ -11,31 +11,34 @@ pub(crate) struct MemEntry {
     pub access: transport_core::conn::Access,
 }
 
-/// The live memory regions of a device by base address, with the last one a check found (most
-/// packets of a flow fall in the same region). Every change of the set forgets it.
+/// The live memory regions of a device by base address, with the last two regions checks found,
+/// the latest first: most packets of a flow fall in the same region, and an end that answers
+/// what it receives alternates between two (its send buffer, read for the answer, and its
+/// receive buffer, written by the placement), which one remembered region missed every time.
+/// Every change of the set forgets them.
 pub(crate) struct Mems {
     map: BTreeMap<u64, MemEntry>,
-    /// (base, end) of the region the last successful check found; empty when (MAX, 0).
-    hint: std::cell::Cell<(u64, u64)>,
+    /// (base, end) of the regions the last successful checks found; empty when (MAX, 0).
+    hints: std::cell::Cell<[(u64, u64); 2]>,
 }
 
 impl Mems {
-    const NO_HINT: (u64, u64) = (u64::MAX, 0);
+    const NO_HINTS: [(u64, u64); 2] = [(u64::MAX, 0); 2];
 
     pub fn new() -> Mems {
         Mems {
             map: BTreeMap::new(),
-            hint: std::cell::Cell::new(Self::NO_HINT),
+            hints: std::cell::Cell::new(Self::NO_HINTS),
         }
     }
 
     pub fn insert(&mut self, base: u64, e: MemEntry) {
-        self.hint.set(Self::NO_HINT);
+        self.hints.set(Self::NO_HINTS);
         self.map.insert(base, e);
     }
 
     pub fn remove(&mut self, base: u64) {
-        self.hint.set(Self::NO_HINT);
+        self.hints.set(Self::NO_HINTS);
         self.map.remove(&base);
     }
 
@@ -52,13 +55,17 @@ impl Mems {
         let Some(end) = addr.checked_add(len as u64) else {
             return false;
         };
-        let (b, e) = self.hint.get();
-        if addr >= b && end <= e {
+        let [first, second] = self.hints.get();
+        if addr >= first.0 && end <= first.1 {
+            return true;
+        }
+        if addr >= second.0 && end <= second.1 {
+            self.hints.set([second, first]);
             return true;
         }
         match self.map.range(..=addr).next_back() {
             Some((start, m)) if end <= start + m.len => {
-                self.hint.set((*start, start + m.len));
+                self.hints.set([(*start, start + m.len), first]);
                 true
             }
             _ => false,
@@ -125,8 +132,20 @@ mod mems_tests {
         assert!(m.contains(4096, 100) && m.contains(4150, 10)); // the second hits the hint
         assert!(!m.contains(4150, 51) && !m.contains(4095, 2) && !m.contains(u64::MAX, 2));
         assert!(m.contains(8192, 50) && !m.contains(8192, 51));
+        // Alternating between two regions: both are remembered, and the checks stay exact.
+        for _ in 0..3 {
+            assert!(m.contains(4100, 4) && m.contains(8200, 4));
+            assert!(!m.contains(4196, 1) && !m.contains(8242, 1) && !m.contains(8000, 4));
+        }
         m.remove(4096);
         assert!(!m.contains(4150, 10), "the hint went with the region");
+        assert!(m.contains(8200, 8));
+        m.insert(4096, entry(100));
+        assert!(m.contains(4150, 10) && m.contains(8200, 8));
+        m.remove(8192);
+        assert!(!m.contains(8200, 8), "both hints went with the set's change");
+        assert!(m.contains(4150, 10));
+        m.insert(8192, entry(50));
         assert!(m.contains(8200, 8));
         m.remove(8192);
         assert!(!m.contains(8200, 8));
