@@ -15,7 +15,10 @@
 # ping). Deterministic: the same build gives the same figures.
 # Needs valgrind and gdb (Debian: valgrind gdb).
 #
-# Usage: scripts/hop-lines.sh [ROUND_TRIPS]   (default 40; the first 10 are left out as warm-up)
+# With DETAIL=1, also every line of the connection a half hop touches: its offset, how often
+# (per half hop) and the fields accessed in it.
+#
+# Usage: [DETAIL=1] scripts/hop-lines.sh [ROUND_TRIPS]   (default 40; the first 10 are left out as warm-up)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-40}
@@ -59,9 +62,9 @@ out.close()
 EOF
 gdb -batch -ex "python LAYOUT_OUT = '$D/fields'" -ex "source $D/layout.py" "$X" >/dev/null 2>&1
 [ -s "$D/fields" ] || { echo "gdb found no layout of the connection in $X"; exit 1; }
-python3 - "$D/trace" "$D/info" "$D/fields" <<'EOF'
+python3 - "$D/trace" "$D/info" "$D/fields" "${DETAIL:-0}" <<'EOF'
 import collections, re, sys
-trace, info, fields = sys.argv[1:4]
+trace, info, fields, detail = sys.argv[1:5]
 lines = open(fields).read().split("\n")
 def parse(i, out):
     while i < len(lines):
@@ -118,7 +121,8 @@ for l in open(trace):
         continue
     kind, a = p[0], int(p[1].split(",")[0], 16)
     if a == mark and kind in ("S", "M"):
-        cur = (len(segs) % 5, collections.defaultdict(set), collections.Counter())
+        cur = (len(segs) % 5, collections.defaultdict(set), collections.Counter(),
+               collections.defaultdict(set))
         segs.append(cur)
         continue
     if cur is None:
@@ -126,9 +130,12 @@ for l in open(trace):
     ln = a >> 6
     if A <= a < A + size or B <= a < B + size:
         r = "a" if a < A + size and a >= A else "b"
+        base = A if r == "a" else B
         if ln not in cur[1][r]:
-            base = A if r == "a" else B
             cur[2][(r, group(name_of(top, a - base) or "?"))] += 1
+        if detail == "1":
+            nm = re.sub(r"\[\]\.?", "[].", name_of(top, a - base) or "?").rstrip(".")
+            cur[3][(r, (a - base) >> 6)].add(nm)
     elif buf <= a < buf + buflen:
         r = "buffer"
     elif a >= 0x1000000000:
@@ -162,6 +169,19 @@ for step, label, own in ((0, "send", "a"), (1, "receive", "b")):
     for g, v in sorted(c.items(), key=lambda x: (-x[1], x[0])):
         if v / rounds >= 0.05:
             print("  %5.2f  %s" % (v / rounds, g))
+    if detail == "1":
+        seen = collections.Counter()
+        names = collections.defaultdict(set)
+        for s in kept:
+            if s[0] == step:
+                for (r, line), nms in s[3].items():
+                    if r == own:
+                        seen[line] += 1
+                        names[line] |= nms
+        for line in sorted(seen):
+            if seen[line] / rounds >= 0.05:
+                print("    line at %7d: %4.2f  %s" % (line * 64, seen[line] / rounds,
+                                                   " ".join(sorted(names[line]))[:160]))
 # One end's turn: b receives the ping (step 1) and sends the answer (step 2).
 turn = collections.defaultdict(list)
 for i in range(0, len(kept) - 2, 5):

@@ -118,6 +118,7 @@ use state::*;
 /// A connection with capacities: `P` paths, `W` packets in flight, `S` streams, `Q` messages and
 /// receive buffers per stream, `R` memory regions.
 #[derive(Debug, Clone)]
+#[repr(C)]
 pub struct Connection<
     const P: usize,
     const W: usize,
@@ -125,59 +126,44 @@ pub struct Connection<
     const Q: usize,
     const R: usize,
 > {
-    cfg: Config,
-    regions: RegionTable<R>,
-    counters: Counters,
-    // Sender.
-    /// Messages posted (and responses this end sends), by message number until freed.
-    msgs: Ring<TxMsg, Q>,
-    pkts: [TxPkt; W],
+    // What a hop reads and writes (`#[repr(C)]`: in this order, a few cache lines; the
+    // scalars first, then the sets of paths, the timers, the carried ACK, the counters
+    // and the ACK schedule). docs/BENCHMARKS.md counts the lines a hop touches
+    // (`scripts/hop-lines.sh`).
     una: Psn,
     nxt: Psn,
     peer_cum: Psn,
-    /// Packets to send again, in order.
-    retx: Ring<Psn, W>,
-    /// When a packet held back after a receiver-not-ready NACK may go again.
-    retx_wake: Option<Instant>,
+    rx_cum: Psn,
+    /// Messages before this one have no packets left to send for the first time.
+    send_hint: u32,
+    /// The fair share this end's ACKs give the peer, Mb/s (0: none): the runner's to set.
+    hint_out: u32,
+    /// The queueing delay the last new data packet met, ns (its path's one-way delay above the
+    /// path's least recent one): the runner's drain input (`crate::rate::Drain`).
+    queue_delay: u32,
+    /// Read and atomic requests sent and not yet answered (against `Config::max_rd_atomic`).
+    requests_out: u16,
     /// Receiver-not-ready NACKs since the peer last accepted something new: each doubles the
     /// wait before the refused packet goes again, up to [`RNR_BACKOFF_SHIFT`] doublings.
     rnr_streak: u8,
-    paths: [TxPath; P],
+    /// Something may be waiting in the control queues (ACK, probe reply, probe, NACK).
+    control_dirty: bool,
+    /// An ACK moved `rack_sent` since overdue transmissions were last looked for.
+    rack_dirty: bool,
+    /// A completion waits for room in the event queue (`poll_event` reports it).
+    completions_deferred: bool,
+    /// A Read or atomic response was queued since the last `poll_transmit`.
+    response_ready: bool,
+    /// The latest send time of any transmission acknowledged so far, on any path: a transmission
+    /// sent before it and still unresolved past its own path's round trip is overdue (lost).
+    rack_sent: Instant,
     rr: usize,
-    /// The path the last pick took and how many more packets it takes without a new pick
-    /// (`Config::spray_burst`).
-    burst: (usize, u8),
     /// The path the last atomic took: atomics keep to one path while it has room, so they
     /// reach the responder in order (one that overtakes an earlier packet is refused
     /// receiver-not-ready and sent again).
     atomic_path: Option<PathId>,
-    /// Messages before this one have no packets left to send for the first time.
-    send_hint: u32,
-    /// Read and atomic requests sent and not yet answered (against `Config::max_rd_atomic`).
-    requests_out: u16,
-    /// Something may be waiting in the control queues (ACK, probe reply, probe, NACK).
-    control_dirty: bool,
-    /// DCQCN's notification point: when the last CNP left.
-    cnp_gate: crate::rate::CnpGate,
     /// A CNP is due, on this path.
     cnp_due: Option<PathId>,
-    /// A Read or atomic response was queued since the last `poll_transmit`.
-    response_ready: bool,
-    /// The ACK the last data packet carried (flag A) and when it arrived: taken after that
-    /// packet's own work and after the answer a runner sends at once (see `handle_datagram`).
-    carried: Option<CarriedAck>,
-    tx_streams: [TxStream; S],
-    // Receiver.
-    rx_paths: [RxPath; P],
-    rx_cum: Psn,
-    rx_seen: [bool; W],
-    rx_streams: [RxStream<Q>; S],
-    nacks: [Option<PendingNack>; NACK_QUEUE],
-    /// The latest send time of any transmission acknowledged so far, on any path: a transmission
-    /// sent before it and still unresolved past its own path's round trip is overdue (lost).
-    rack_sent: Instant,
-    /// An ACK moved `rack_sent` since overdue transmissions were last looked for.
-    rack_dirty: bool,
     /// The paths with transmissions not yet resolved (`una != next_seq`): what a ping-pong's
     /// path choice, loss detection and timers look at, without reading every path's state
     /// (each path's rings span kilobytes; a hop that reads eight paths misses the cache eight
@@ -185,35 +171,53 @@ pub struct Connection<
     inflight: PathSet,
     /// The paths in `PathState::Probing`: the only ones whose probe timer runs.
     probing: PathSet,
+    /// When a packet held back after a receiver-not-ready NACK may go again.
+    retx_wake: Option<Instant>,
+    /// When a datagram of this connection last passed the checks (from any path); `None` until
+    /// the first.
+    last_heard: Option<Instant>,
+    /// When a paced connection may send its next data packet (held back until then).
+    pace_at: Option<Instant>,
+    /// The path the last pick took and how many more packets it takes without a new pick
+    /// (`Config::spray_burst`).
+    burst: (usize, u8),
+    /// The ACK the last data packet carried (flag A) and when it arrived: taken after that
+    /// packet's own work and after the answer a runner sends at once (see `handle_datagram`).
+    carried: Option<CarriedAck>,
+    pending_atomic: Option<PendingAtomic>,
+    counters: Counters,
+    /// Paths whose ACK is to go now (an ACK that goes now lives only here).
+    /// Which paths owe the peer an ACK.
+    acks: AckSchedule<P>,
+    // The records by message, packet, path and stream, the tables and the controller.
+    cfg: Config,
+    regions: RegionTable<R>,
+    /// Messages posted (and responses this end sends), by message number until freed.
+    msgs: Ring<TxMsg, Q>,
+    pkts: [TxPkt; W],
+    /// Packets to send again, in order.
+    retx: Ring<Psn, W>,
+    paths: [TxPath; P],
+    /// DCQCN's notification point: when the last CNP left.
+    cnp_gate: crate::rate::CnpGate,
+    tx_streams: [TxStream; S],
+    rx_paths: [RxPath; P],
+    rx_seen: [bool; W],
+    rx_streams: [RxStream<Q>; S],
+    nacks: [Option<PendingNack>; NACK_QUEUE],
     /// The confirmation of the last fatal NACK that named nothing this end sent (a refusal of a
     /// forged packet, or a forgery itself): one slot, whatever the number of such NACKs.
     unverified_confirm: Option<PendingNack>,
     refusals: RefusalTable<REFUSALS>,
-    /// Paths whose ACK is to go now (an ACK that goes now lives only here).
-    /// Which paths owe the peer an ACK.
-    acks: AckSchedule<P>,
-    pending_atomic: Option<PendingAtomic>,
     events: Ring<Event, Q>,
     /// Path events dropped because the event queue was full (completions never are: see
     /// `push_completion`).
     events_lost: u64,
-    /// A completion waits for room in the event queue (`poll_event` reports it).
-    completions_deferred: bool,
     /// ICRC prefixes of what this end sends and receives.
     icrc_tx: IcrcPrefixes,
     icrc_rx: IcrcPrefixes,
     /// The paths' windows: only the controller changes them (`cc`).
     rate: RateControl<P>,
-    /// The fair share this end's ACKs give the peer, Mb/s (0: none): the runner's to set.
-    hint_out: u32,
-    /// The queueing delay the last new data packet met, ns (its path's one-way delay above the
-    /// path's least recent one): the runner's drain input (`crate::rate::Drain`).
-    queue_delay: u32,
-    /// When a paced connection may send its next data packet (held back until then).
-    pace_at: Option<Instant>,
-    /// When a datagram of this connection last passed the checks (from any path); `None` until
-    /// the first.
-    last_heard: Option<Instant>,
     /// The peer's last silence of at least `rto_low`: when it was last heard before, and first
     /// heard after. What it sends right after such a silence is its backlog (a stalled host
     /// catching up), not an answer to what left meanwhile.

@@ -111,17 +111,29 @@ pub(super) enum PathState {
 }
 
 #[derive(Debug, Clone, Copy)]
+#[repr(C, align(64))]
 pub(super) struct TxPath {
-    pub(super) state: PathState,
-    pub(super) generation: u16,
-    pub(super) failed: bool,
-    pub(super) next_seq: PathSeq,
+    // What a hop reads and writes first (`#[repr(C)]`): a line of scalars, then the counters.
     pub(super) una: PathSeq,
-    pub(super) ring_psn: [u32; PATH_RING],
-    pub(super) ring_sent: [Instant; PATH_RING],
+    pub(super) next_seq: PathSeq,
     pub(super) srtt: u64,
     pub(super) rttvar: u64,
+    /// The retransmission timer runs from the later of this and the oldest transmission.
+    pub(super) timer_from: Instant,
+    /// When the last consistent ACK of this path arrived.
+    pub(super) last_ack_at: Instant,
+    /// The timestamp of the tail probe in flight: the ACK that echoes it settles the tail.
+    pub(super) tail_probe_ts: Option<u32>,
+    pub(super) state: PathState,
+    /// A tail probe is to be sent (first timeout on an active path).
+    pub(super) tail_probe_pending: bool,
     pub(super) timeouts_in_row: u8,
+    pub(super) failed: bool,
+    pub(super) generation: u16,
+    pub(super) stats: PathStats,
+    // The rings and the probes' state.
+    pub(super) ring_psn: [u32; PATH_RING],
+    pub(super) ring_sent: [Instant; PATH_RING],
     /// The last probe sent (its sequence number) and the timestamp it carried: a reply counts
     /// only if it echoes both while the probe is outstanding.
     pub(super) probe_seq: u32,
@@ -138,10 +150,6 @@ pub(super) struct TxPath {
     pub(super) probe_at: Instant,
     /// Probes in a row left unanswered while nothing came from the peer on any path.
     pub(super) quiet_probes: u8,
-    /// A tail probe is to be sent (first timeout on an active path).
-    pub(super) tail_probe_pending: bool,
-    /// The timestamp of the tail probe in flight: the ACK that echoes it settles the tail.
-    pub(super) tail_probe_ts: Option<u32>,
     /// When that tail probe left.
     pub(super) tail_probe_at: Instant,
     /// The path's next sequence number when the first tail probe of this round left: what left
@@ -152,15 +160,10 @@ pub(super) struct TxPath {
     /// Tail probes sent this round (a round ends with an answer, or with `TAIL_PROBE_TRIES`
     /// unanswered).
     pub(super) tail_probe_tries: u8,
-    /// The retransmission timer runs from the later of this and the oldest transmission.
-    pub(super) timer_from: Instant,
     /// Restarts for host stalls since the path last moved (its oldest packet in flight was
     /// resolved or a probe left), and where it stood then (`una`, probe sequence).
     pub(super) stall_restarts: u8,
     pub(super) stall_mark: (PathSeq, u32),
-    /// When the last consistent ACK of this path arrived.
-    pub(super) last_ack_at: Instant,
-    pub(super) stats: PathStats,
 }
 
 /// A set of path indices (at most 256 paths), for finding a flagged path without walking every
@@ -233,19 +236,23 @@ pub(super) struct CarriedAck {
 
 /// Which paths owe the peer an ACK, at once or by a deadline. It owns the deadlines, so the set
 /// of paths with a delayed ACK is always the set with a deadline.
+///
+/// The two sets first, in one cache line (`repr(C, align(64))`): what every hop reads; a
+/// deadline only for a path with a delayed ACK.
 #[derive(Debug, Clone, Copy)]
+#[repr(C, align(64))]
 pub(super) struct AckSchedule<const P: usize> {
-    deadline: [Option<Instant>; P],
     now: PathSet,
     delayed: PathSet,
+    deadline: [Option<Instant>; P],
 }
 
 impl<const P: usize> AckSchedule<P> {
     pub(super) const fn new() -> Self {
         AckSchedule {
-            deadline: [None; P],
             now: PathSet([0; 4]),
             delayed: PathSet([0; 4]),
+            deadline: [None; P],
         }
     }
 

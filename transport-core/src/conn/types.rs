@@ -262,12 +262,29 @@ pub enum PostError {
     Misaligned,
 }
 
-/// Connection-wide counters.
+/// Connection-wide counters. The eight that every data packet and ACK moves come first, in
+/// one cache line of their own: a ping-pong's hop touches no other (the rest count losses,
+/// refusals and drops).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[repr(C, align(64))]
 pub struct Counters {
     /// Data packets sent for the first time.
     pub data_sent: u64,
+    /// Data packets acknowledged.
+    pub acked: u64,
+    /// ACKs sent (stand-alone and carried by data packets).
+    pub acks_sent: u64,
+    /// ACKs carried by data packets (included in `acks_sent`).
+    pub acks_piggybacked: u64,
+    /// ACKs received riding on data packets.
+    pub acks_piggyback_received: u64,
+    /// Data packets received and accepted.
+    pub data_received: u64,
+    /// Payload bytes placed.
+    pub bytes_placed: u64,
+    /// CE marks reported back by the peer's ACKs.
+    pub ecn_marks_echoed: u64,
     /// Data packets sent again (after a loss, or after a receiver-not-ready NACK).
     pub retransmitted: u64,
     /// Packets sent again because the peer was not ready (a receiver-not-ready NACK: no
@@ -277,8 +294,6 @@ pub struct Counters {
     /// Read and atomic requests that waited before their first transmission because as many
     /// as `Config::max_rd_atomic` were outstanding (each counted once).
     pub requests_waited: u64,
-    /// Data packets acknowledged.
-    pub acked: u64,
     /// Data packets acknowledged selectively (above a gap).
     pub sacked: u64,
     /// Losses detected from SACK gaps.
@@ -293,12 +308,6 @@ pub struct Counters {
     /// peer had been silent (on every path) since the last one left: the peer's host stalled,
     /// not the path (up to eight long timeouts of silence).
     pub peer_silent_waits: u64,
-    /// ACKs sent (stand-alone and carried by data packets).
-    pub acks_sent: u64,
-    /// ACKs carried by data packets (included in `acks_sent`).
-    pub acks_piggybacked: u64,
-    /// ACKs received riding on data packets.
-    pub acks_piggyback_received: u64,
     /// NACKs sent.
     pub nacks_sent: u64,
     /// NACKs received.
@@ -307,10 +316,6 @@ pub struct Counters {
     pub nacks_resent: u64,
     /// Refusals the requester confirmed.
     pub refusals_confirmed: u64,
-    /// Data packets received and accepted.
-    pub data_received: u64,
-    /// Payload bytes placed.
-    pub bytes_placed: u64,
     /// Duplicates received (dropped).
     pub duplicates: u64,
     /// Drops by reason: malformed.
@@ -342,8 +347,6 @@ pub struct Counters {
     pub access_violations: u64,
     /// CE marks seen on arrival.
     pub ecn_ce_received: u64,
-    /// CE marks reported back by the peer's ACKs.
-    pub ecn_marks_echoed: u64,
     /// Times a path's congestion window was halved for ECN marks.
     pub cwnd_cuts: u64,
     /// Congestion notification packets sent (RoCEv2 CNPs, BTH opcode 0x81, for CE-marked data
@@ -357,34 +360,36 @@ pub struct Counters {
     pub path_failures: u64,
 }
 
-/// One path's health and counters.
+/// One path's health and counters. What every packet of the path moves comes first, in the
+/// first cache line (`repr(C)`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+#[repr(C)]
 pub struct PathStats {
     /// Current UDP source port.
     pub src_port: u16,
     /// Whether it carries data now.
     pub active: bool,
-    /// Packets sent on it (first transmissions and retransmissions).
-    pub sent: u64,
-    /// Retransmissions sent on it.
-    pub retransmitted: u64,
-    /// Packets acknowledged on it.
-    pub acked: u64,
-    /// Packets it lost (SACK gap or timeout).
-    pub lost: u64,
-    /// Retransmission timeouts.
-    pub timeouts: u64,
     /// Packets in flight now.
     pub in_flight: u32,
+    /// Packets sent on it (first transmissions and retransmissions).
+    pub sent: u64,
+    /// Packets acknowledged on it.
+    pub acked: u64,
+    /// CE marks the peer reported for it.
+    pub ecn_marks: u64,
     /// Smallest RTT sample, ns (0 before the first sample).
     pub rtt_min: u64,
     /// Smoothed RTT, ns.
     pub rtt_smoothed: u64,
-    /// CE marks the peer reported for it.
-    pub ecn_marks: u64,
+    /// Retransmissions sent on it.
+    pub retransmitted: u64,
+    /// Packets it lost (SACK gap or timeout).
+    pub lost: u64,
     /// Congestion window now, packets.
     pub cwnd: u32,
+    /// Retransmission timeouts.
+    pub timeouts: u64,
     /// Times its window was halved for ECN marks.
     pub cwnd_cuts: u64,
     /// Times it failed.

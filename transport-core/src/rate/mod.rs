@@ -94,24 +94,28 @@ enum RateState {
 }
 
 /// The windows and rate of a connection's `P` paths under one controller.
+///
+/// In this order (`repr(C)`): what every ACK and every packet sent reads comes first, so the
+/// controller's part of a hop is a few cache lines, not one per field.
 #[derive(Debug, Clone)]
+#[repr(C)]
 pub struct RateControl<const P: usize> {
-    algorithm: Algorithm,
-    /// The largest window of a path, packets.
-    max_window: u32,
-    paths: [PathAimd; P],
-    /// The connection's window (MetaRoCE), 1/256 packet.
-    conn: ConnAimd,
-    rate: RateState,
     /// The last rate hint an ACK carried, Mb/s (0: none).
     hint_mbps: u32,
+    /// The largest window of a path, packets.
+    max_window: u32,
     /// MetaRoCE before its first hint: since when it has sent unpaced, and how many bytes (the
     /// pacer books them at the first hint).
     unpaced: Option<(Instant, u64)>,
+    algorithm: Algorithm,
+    rate: RateState,
     /// What the first hint booked, until the sender sends again: a lower hint before then books
     /// it again at the lower rate.
     owed: Option<(Instant, u64)>,
+    /// The connection's window (MetaRoCE), 1/256 packet.
+    conn: ConnAimd,
     pacer: Pacer,
+    paths: [PathAimd; P],
 }
 
 impl<const P: usize> RateControl<P> {

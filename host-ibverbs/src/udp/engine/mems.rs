@@ -143,7 +143,10 @@ mod mems_tests {
         m.insert(4096, entry(100));
         assert!(m.contains(4150, 10) && m.contains(8200, 8));
         m.remove(8192);
-        assert!(!m.contains(8200, 8), "both hints went with the set's change");
+        assert!(
+            !m.contains(8200, 8),
+            "both hints went with the set's change"
+        );
         assert!(m.contains(4150, 10));
         m.insert(8192, entry(50));
         assert!(m.contains(8200, 8));
