@@ -12,8 +12,12 @@
 # the lines of the connection, of the stack, of the datagram buffer and of the rest (the binary's
 # tables, the marker); then the connection's lines by field group; then the lines of a whole
 # turn of one end (it receives a ping and sends the answer: what a write-lat server touches per
-# ping). Deterministic: the same build gives the same figures.
-# Needs valgrind and gdb (Debian: valgrind gdb).
+# ping, and the event poll it runs as the sender of the next hop). Deterministic: the same build
+# gives the same figures. Lines are the machine's (address / 64), so a connection that starts inside
+# a line (an allocation aligned to less than 64 bytes) counts the lines it straddles; the script
+# says where each connection starts within its line.
+# Needs valgrind and gdb (Debian: valgrind gdb); the stack and binary address ranges are those of
+# valgrind on x86-64 Linux.
 #
 # With DETAIL=1, also every line of the connection a half hop touches: its offset, how often
 # (per half hop) and the fields accessed in it.
@@ -135,7 +139,7 @@ for l in open(trace):
             cur[2][(r, group(name_of(top, a - base) or "?"))] += 1
         if detail == "1":
             nm = re.sub(r"\[\]\.?", "[].", name_of(top, a - base) or "?").rstrip(".")
-            cur[3][(r, (a - base) >> 6)].add(nm)
+            cur[3][(r, ln - (base >> 6))].add(nm)
     elif buf <= a < buf + buflen:
         r = "buffer"
     elif a >= 0x1000000000:
@@ -145,6 +149,7 @@ for l in open(trace):
     else:
         r = "other"
     cur[1][r].add(ln)
+print("connections at %d and %d bytes into a cache line, %d bytes each" % (A % 64, B % 64, size))
 # Steps in a round trip: 0 a sends, 1 b receives, 2 b sends, 3 a receives, 4 after it.
 WARM = 10 * 5
 kept = segs[WARM:]
@@ -180,17 +185,18 @@ for step, label, own in ((0, "send", "a"), (1, "receive", "b")):
                         names[line] |= nms
         for line in sorted(seen):
             if seen[line] / rounds >= 0.05:
-                print("    line at %7d: %4.2f  %s" % (line * 64, seen[line] / rounds,
+                print("    line at +%7d: %4.2f  %s" % (line * 64, seen[line] / rounds,
                                                    " ".join(sorted(names[line]))[:160]))
-# One end's turn: b receives the ping (step 1) and sends the answer (step 2).
+# One end's turn: b receives the ping (step 1), sends the answer (step 2) and, as the sender of that
+# answer, polls its events while a takes it in (step 3: b's own lines only).
 turn = collections.defaultdict(list)
-for i in range(0, len(kept) - 2, 5):
-    r, s = kept[i + 1], kept[i + 2]
-    if (r[0], s[0]) != (1, 2):
+for i in range(0, len(kept) - 3, 5):
+    r, s, e = kept[i + 1], kept[i + 2], kept[i + 3]
+    if (r[0], s[0], e[0]) != (1, 2, 3):
         continue
     for reg in ("b", "stack", "buffer", "binary", "other"):
-        turn[reg].append(len(r[1][reg] | s[1][reg]))
-print("a turn of one end (receive, then send the answer), lines: connection %.1f, stack %.1f, "
+        turn[reg].append(len(r[1][reg] | s[1][reg] | (e[1][reg] if reg == "b" else set())))
+print("a turn of one end (receive, send the answer, poll its events), lines: connection %.1f, stack %.1f, "
       "datagram buffer %.1f, the binary's tables %.1f, other %.1f" % tuple(
           sum(turn[k]) / len(turn[k]) for k in ("b", "stack", "buffer", "binary", "other")))
 EOF

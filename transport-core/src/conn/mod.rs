@@ -186,8 +186,7 @@ pub struct Connection<
     carried: Option<CarriedAck>,
     pending_atomic: Option<PendingAtomic>,
     counters: Counters,
-    /// Paths whose ACK is to go now (an ACK that goes now lives only here).
-    /// Which paths owe the peer an ACK.
+    /// Which paths owe the peer an ACK, at once or by a deadline.
     acks: AckSchedule<P>,
     // The records by message, packet, path and stream, the tables and the controller.
     cfg: Config,

@@ -262,9 +262,11 @@ pub enum PostError {
     Misaligned,
 }
 
-/// Connection-wide counters. The eight that every data packet and ACK moves come first, in
-/// one cache line of their own: a ping-pong's hop touches no other (the rest count losses,
-/// refusals and drops).
+/// Connection-wide counters. The eight a ping-pong of Writes moves come first, in one cache
+/// line of their own (`repr(C, align(64))`): data packets sent, acknowledged and received, bytes
+/// placed, ACKs sent, carried and received, and the ECN marks the ACKs echo; such a hop touches
+/// no other. The rest move only on losses and retransmissions, refusals and NACKs, drops and
+/// duplicates, held Read and atomic requests, probes, CE marks and congestion notifications.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[repr(C, align(64))]
@@ -360,8 +362,10 @@ pub struct Counters {
     pub path_failures: u64,
 }
 
-/// One path's health and counters. What every packet of the path moves comes first, in the
-/// first cache line (`repr(C)`).
+/// One path's health and counters. The port and the counters each packet of the path moves
+/// (sent, acknowledged, ECN marks, least RTT) come first, in the first cache line (`repr(C)`);
+/// the state fields beside them (`active`, `in_flight`, `rtt_smoothed`) are filled in when the
+/// statistics are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 #[repr(C)]
