@@ -23,34 +23,17 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 use transport_core::conn::{
-    compute_icrc, Access, Config, Connection, IcrcMode, Region, RemoteAddr, WorkRequest, WrOp,
+    compute_icrc, Access, Config, Connection, Region, RemoteAddr, WorkRequest, WrOp,
 };
 use transport_core::rate::Algorithm;
 use transport_core::time::Instant as CoreInstant;
-use transport_core::wire::{BthRepr, Extensions, Qpn};
+use transport_core::wire::{BthRepr, Extensions};
 
 #[path = "common/hop.rs"]
 mod hop;
 use hop::*;
 
 type Conn = Connection<16, 4096, 2, 64, 4>;
-
-fn config(local: u8, remote: u8, verify_icrc: bool) -> Config {
-    let ip = |x| IpAddr::V4(Ipv4Addr::new(10, 0, 0, x));
-    let mut c = Config::new(
-        ip(local),
-        ip(remote),
-        Qpn::new(local.into()),
-        Qpn::new(remote.into()),
-    );
-    c.window_per_path = 255;
-    c.icrc = if verify_icrc {
-        IcrcMode::Full
-    } else {
-        IcrcMode::SendOnly
-    };
-    c
-}
 
 fn sender() -> Box<Conn> {
     sender_with(config(1, 2, true))
@@ -256,12 +239,7 @@ fn round_trip(c: &mut Criterion) {
                 for _ in 0..iters {
                     now += 1_000;
                     id += 2;
-                    for k in 0..2 {
-                        let (from, to, at, id) = if k == 0 {
-                            (&mut a, &mut b, now, id)
-                        } else {
-                            (&mut b, &mut a, now + 500, id + 1)
-                        };
+                    round_trip_halves(&mut a, &mut b, now, id, |_, from, to, at, id| {
                         evict(&mut junk);
                         let t = Instant::now();
                         let len = hop_send(from, at, id, &mut buf);
@@ -270,7 +248,7 @@ fn round_trip(c: &mut Criterion) {
                         let t = Instant::now();
                         hop_receive(from, to, at, &buf, len);
                         total += t.elapsed();
-                    }
+                    });
                 }
                 total
             })

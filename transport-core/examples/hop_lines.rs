@@ -50,19 +50,14 @@ fn main() {
     for _ in 0..n {
         now += 1_000;
         id += 2;
-        for k in 0..2 {
-            let (from, to, at, id) = if k == 0 {
-                (&mut a, &mut b, now, id)
-            } else {
-                (&mut b, &mut a, now + 500, id + 1)
-            };
+        round_trip_halves(&mut a, &mut b, now, id, |k, from, to, at, id| {
             mark(1 + 2 * k);
             let len = hop_send(from, at, id, &mut buf);
             black_box(from.poll_timeout());
             mark(2 + 2 * k);
             hop_receive(from, to, at, &buf, len);
             black_box(to.poll_timeout());
-        }
+        });
         mark(9);
     }
 }

@@ -12,13 +12,9 @@ use transport_core::conn::{
 use transport_core::time::Instant as CoreInstant;
 use transport_core::wire::{Psn, Qpn};
 
-/// As the UDP transport instantiates it (host-ibverbs/src/udp/engine.rs).
-pub type HostConn = Connection<64, 2048, 8, 128, 32>;
-
-pub const KEY: u32 = 0x77;
-pub const BASE: u64 = 0x10_0000;
-
-pub fn end(local: u8, remote: u8) -> Box<HostConn> {
+/// A connection's configuration between 10.0.0.`local` and 10.0.0.`remote` (QPNs the same),
+/// 255 packets a path; the ICRC checked on arrival, or only sent.
+pub fn config(local: u8, remote: u8, verify_icrc: bool) -> Config {
     let ip = |x| IpAddr::V4(Ipv4Addr::new(10, 0, 0, x));
     let mut c = Config::new(
         ip(local),
@@ -26,7 +22,23 @@ pub fn end(local: u8, remote: u8) -> Box<HostConn> {
         Qpn::new(local.into()),
         Qpn::new(remote.into()),
     );
-    c.icrc = IcrcMode::Full;
+    c.window_per_path = 255;
+    c.icrc = if verify_icrc {
+        IcrcMode::Full
+    } else {
+        IcrcMode::SendOnly
+    };
+    c
+}
+
+/// As the UDP transport instantiates it (host-ibverbs/src/udp/engine.rs).
+pub type HostConn = Connection<64, 2048, 8, 128, 32>;
+
+pub const KEY: u32 = 0x77;
+pub const BASE: u64 = 0x10_0000;
+
+pub fn end(local: u8, remote: u8) -> Box<HostConn> {
+    let mut c = config(local, remote, true);
     c.paths = 8;
     c.mtu = 4096;
     c.window_per_path = 16;
@@ -131,4 +143,17 @@ pub fn evict(junk: &mut [u8]) {
         junk[i] = junk[i].wrapping_add(1);
     }
     black_box(&junk[0]);
+}
+
+/// Both half hops of round trip `id`: `a` to `b` at `now` with work request `id`, then `b` to
+/// `a` 500 ns later with `id + 1`; `half(k, from, to, at, id)` runs half hop `k` (0, then 1).
+pub fn round_trip_halves(
+    a: &mut HostConn,
+    b: &mut HostConn,
+    now: CoreInstant,
+    id: u64,
+    mut half: impl FnMut(u64, &mut HostConn, &mut HostConn, CoreInstant, u64),
+) {
+    half(0, a, b, now, id);
+    half(1, b, a, now + 500, id + 1);
 }
