@@ -100,10 +100,11 @@ pub struct PerfArgs {
     /// Paths per connection, each with its own UDP source port.
     #[arg(long, default_value_t = 8)]
     pub paths: u8,
-    /// Packets in flight per path (1 to 255). By default up to 128 KiB of packets, or 64 packets
-    /// where they fit in 256 KiB, and 16 at least (93 at the 1408-byte payload of MTU 1500, 16 at
-    /// 8896 or 16 KiB), starting at 32 KiB of packets (2 to 32) and growing while nothing is
-    /// marked.
+    /// Packets in flight per path (1 to 255). By default up to 4 MiB of packets shared by the
+    /// paths of the connections a thread drives, 128 KiB to 512 KiB a path (or 64 packets where
+    /// they fit in 256 KiB), 16 to 255 packets (one connection of 8 paths: 255 at the 1408-byte
+    /// payload of MTU 1500, 58 at 8896, 32 at 16 KiB; from four: 93, 16, 16), starting at 32 KiB
+    /// of packets (2 to 32) and growing while nothing is marked.
     #[arg(long)]
     pub window: Option<u32>,
     /// The backend: udp (MetaRoCE over UDP sockets, runs anywhere) or verbs (libibverbs on an

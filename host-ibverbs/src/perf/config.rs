@@ -417,22 +417,45 @@ fn packet_overhead(ipv4: bool) -> u32 {
     (if ipv4 { 20 } else { 40 }) + 8 + 64
 }
 
+/// Bytes in flight by default at most on all the connections of one engine (a worker thread's
+/// socket) together, where few connections share it ([`path_window_bytes`]).
+pub const FLIGHT_BYTES: u32 = 4 << 20;
+
+/// Bytes in flight by default at most on one path ([`path_window_bytes`]).
+pub const MAX_PATH_WINDOW_BYTES: u32 = 512 << 10;
+
+/// The byte budget of a path's window by default: [`FLIGHT_BYTES`] shared by the paths of the
+/// connections one engine drives (`qps` over `threads`), from [`udp::DEFAULT_WINDOW_BYTES`] to
+/// [`MAX_PATH_WINDOW_BYTES`]: 512 KiB a path for one connection of 8 paths, 128 KiB (as with
+/// any number of connections before) from 4 of them. A round trip across a host's kernels
+/// holds the time the receiving process waits for a CPU: one connection at 128 KiB a path
+/// moved 9% less idle at MTU 1500 and less still beside two busy loops, where four connections
+/// with two times the flight each had timeouts fire while their packets sat in the receiving
+/// socket's queue (docs/BENCHMARKS.md). A flight in bytes shared by what shares the socket
+/// keeps its queue, and the time in it, the same however many connections there are.
+pub fn path_window_bytes(cfg: &PerfConfig) -> u32 {
+    let conns = cfg.qps.max(1).div_ceil(cfg.threads.max(1));
+    let paths = conns.saturating_mul(u32::from(cfg.paths.max(1)));
+    (FLIGHT_BYTES / paths).clamp(udp::DEFAULT_WINDOW_BYTES, MAX_PATH_WINDOW_BYTES)
+}
+
 /// The window per path at most and where it starts, packets, for `payload`-byte packets. Given
 /// (`--window`), both are it. By default, with a controller whose windows grow (ECN AIMD,
-/// MetaRoCE), 128 KiB of packets or 64 packets at most (`udp::window_for`: 128 of 1024 bytes,
-/// 93 of 1408 (the default at MTU 1500), 64 of 4096, 16 of 8896 or 16 KiB),
+/// MetaRoCE), [`path_window_bytes`] of packets at most (`udp::window_of`; one connection of 8
+/// paths: 255 of 1408 bytes (MTU 1500), 128 of 4096, 58 of 8896 (MTU 9000), 32 of 16 KiB; from
+/// 4 connections: 93 of 1408, 64 of 4096, 16 of 8896 or 16 KiB),
 /// starting at 32 KiB of packets (`udp::start_window_for`: 32 of 1024 bytes, 23 of 1408, 8 of
 /// 4096, 2 of 16 KiB), the flight a shared bottleneck's queue was measured to take from four
 /// senders (docs/BENCHMARKS.md: four clients through a 2 MB queue lost their fair shares when
 /// each started at 128 of 1024 bytes); with the others, whose rate or own window is the control
-/// and this only a cap, 32 packets or the growing ones' most, whichever is less (16 of 8896 or 16
-/// KiB: a cap in bytes as well, so that the flight before the first cut does not grow with the
-/// payload; on loopback DCQCN and Swift moved the same at 16 and 32 of 16 KiB).
+/// and this only a cap, 32 packets or the 128 KiB of `udp::window_for`, whichever is less (16 of
+/// 8896 or 16 KiB: a cap in bytes as well, so that the flight before the first cut does not grow
+/// with the payload; on loopback DCQCN and Swift moved the same at 16 and 32 of 16 KiB).
 pub fn windows(cfg: &PerfConfig, payload: u32) -> (u32, u32) {
     match cfg.window {
         Some(w) => (w, cfg.start_window.unwrap_or(w).min(w)),
         None if cfg.cc.grows_windows() => {
-            let max = udp::window_for(payload);
+            let max = udp::window_of(path_window_bytes(cfg), payload);
             (
                 max,
                 cfg.start_window

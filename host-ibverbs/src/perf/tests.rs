@@ -85,14 +85,14 @@ fn every_bandwidth_test_moves_verified_bytes() {
     }
 }
 
-/// The window per path by default: at most 128 KiB of packets, or 64 packets where they fit in
-/// 256 KiB: 128 of 1024 bytes and 64 of 4096 (given with -m here), starting at 32 and growing on unmarked ACKs (nothing marks
-/// here); `--window` sets both, in packets.
+/// The window per path by default, one connection of 8 paths: at most 512 KiB of packets (255
+/// at most): 255 of 1024 bytes and 128 of 4096 (given with -m here), starting at 32 and growing
+/// on unmarked ACKs (nothing marks here); `--window` sets both, in packets.
 #[test]
-fn the_default_window_holds_128_kib_or_64_packets() {
+fn the_default_window_holds_512_kib_a_path_of_one_connection() {
     for (mtu, window, iters, want) in [
-        (1024, None, 3000, 33..=128),
-        (4096, None, 3000, 33..=64),
+        (1024, None, 3000, 33..=255),
+        (4096, None, 3000, 33..=128),
         (1024, Some(20), 200, 20..=20),
     ] {
         let mut cfg = PerfConfig::new(Test::WriteBw);
@@ -144,8 +144,9 @@ fn the_default_payload_fills_the_link() {
 }
 
 /// What the windows resolve to: given, both are it; by default the growing controllers (ECN
-/// AIMD, MetaRoCE) start at 32 KiB of packets and grow to 128 KiB or 64 packets, the others
-/// keep 32 (16 of 16 KiB).
+/// AIMD, MetaRoCE) start at 32 KiB of packets and grow to the path's share of the engine's
+/// flight (512 KiB a path for one connection of 8 paths, 128 KiB or 64 packets from four
+/// connections on), the others keep 32 (16 of 16 KiB).
 #[test]
 fn windows_resolve_by_payload_and_controller() {
     let with = |cc, window, start| {
@@ -153,12 +154,37 @@ fn windows_resolve_by_payload_and_controller() {
         (c.cc, c.window, c.start_window) = (cc, window, start);
         c
     };
-    assert_eq!(windows(&with(Cc::MetaRoce, None, None), 1024), (128, 32));
-    assert_eq!(windows(&with(Cc::EcnAimd, None, None), 2048), (64, 16));
-    assert_eq!(windows(&with(Cc::MetaRoce, None, None), 4096), (64, 8));
-    assert_eq!(windows(&with(Cc::MetaRoce, None, None), 1408), (93, 23));
-    assert_eq!(windows(&with(Cc::MetaRoce, None, None), 16384), (16, 2));
+    // One connection of 8 paths (the tools' default): 512 KiB a path.
+    assert_eq!(
+        (
+            with(Cc::MetaRoce, None, None).qps,
+            with(Cc::MetaRoce, None, None).paths
+        ),
+        (1, 8)
+    );
+    assert_eq!(windows(&with(Cc::MetaRoce, None, None), 1024), (255, 32));
+    assert_eq!(windows(&with(Cc::EcnAimd, None, None), 2048), (255, 16));
+    assert_eq!(windows(&with(Cc::MetaRoce, None, None), 4096), (128, 8));
+    assert_eq!(windows(&with(Cc::MetaRoce, None, None), 1408), (255, 23));
+    assert_eq!(windows(&with(Cc::MetaRoce, None, None), 8896), (58, 3));
+    assert_eq!(windows(&with(Cc::MetaRoce, None, None), 16384), (32, 2));
     assert_eq!(windows(&with(Cc::MetaRoce, None, None), 256), (255, 32));
+    // The engine's 4 MiB shared by its connections' paths, 128 KiB a path at least.
+    let shared = |qps, paths, threads| {
+        let mut c = with(Cc::MetaRoce, None, None);
+        (c.qps, c.paths, c.threads) = (qps, paths, threads);
+        c
+    };
+    assert_eq!(path_window_bytes(&shared(2, 8, 1)), 256 << 10);
+    assert_eq!(windows(&shared(2, 8, 1), 1408), (186, 23));
+    assert_eq!(windows(&shared(4, 8, 1), 1408), (93, 23));
+    assert_eq!(windows(&shared(4, 8, 1), 4096), (64, 8));
+    assert_eq!(windows(&shared(4, 8, 1), 16384), (16, 2));
+    assert_eq!(windows(&shared(64, 8, 1), 1408), (93, 23));
+    // A path of its own takes 512 KiB, no more; worker threads each drive their share.
+    assert_eq!(windows(&shared(1, 1, 1), 16384), (32, 2));
+    assert_eq!(path_window_bytes(&shared(4, 8, 4)), 512 << 10);
+    assert_eq!(path_window_bytes(&shared(5, 8, 4)), 256 << 10);
     for cc in [Cc::Dcqcn, Cc::DcqcnPaper, Cc::Timely, Cc::Swift] {
         assert_eq!(windows(&with(cc, None, None), 1024), (32, 32), "{cc:?}");
         assert_eq!(windows(&with(cc, None, None), 16384), (16, 16), "{cc:?}");

@@ -183,6 +183,7 @@ pub fn start_window_for(payload: u32) -> u32 {
 /// The default window per path, packets, for `payload`-byte packets: [`DEFAULT_WINDOW_BYTES`]
 /// of them, or [`MIN_WINDOW_PACKETS`] where they fit in twice that, 16 to 255 packets (the
 /// 256-bit SACK bitmap bounds a path's flight). 64 at 4096 bytes and 2048, 128 at 1024.
+/// [`window_of`] with [`DEFAULT_WINDOW_BYTES`].
 ///
 /// Measured (docs/BENCHMARKS.md): across a veth at MTU 1500 (1024-byte payloads), 32 packets a
 /// path held write-bw 10-20% below 128, and 255 held it 5-20% below; with 4096-byte payloads
@@ -191,8 +192,15 @@ pub fn start_window_for(payload: u32) -> u32 {
 /// not only bytes), where the copying sender of before lost a quarter or more at 128 (its
 /// staging buffers left the caches).
 pub fn window_for(payload: u32) -> u32 {
+    window_of(DEFAULT_WINDOW_BYTES, payload)
+}
+
+/// A window per path of `bytes` in `payload`-byte packets, or [`MIN_WINDOW_PACKETS`] where
+/// they fit in twice [`DEFAULT_WINDOW_BYTES`], 16 to 255 packets (the 256-bit SACK bitmap
+/// bounds a path's flight).
+pub fn window_of(bytes: u32, payload: u32) -> u32 {
     let payload = payload.max(1);
-    let by_bytes = DEFAULT_WINDOW_BYTES / payload;
+    let by_bytes = bytes / payload;
     let fits = MIN_WINDOW_PACKETS.saturating_mul(payload) <= 2 * DEFAULT_WINDOW_BYTES;
     let packets = if fits {
         by_bytes.max(MIN_WINDOW_PACKETS)
@@ -246,15 +254,17 @@ pub const DEFAULT_MAX_RD_ATOMIC: u8 = 16;
 
 impl Default for QpAttr {
     /// 8 paths, 4096-byte packets, 32 packets (128 KiB; the tools' default grows to what
-    /// [`window_for`] gives their payload) in flight per path, and
+    /// [`window_of`] gives their payload and their share of 4 MiB) in flight per path, and
     /// timers sized for a host: a software endpoint can be descheduled for hundreds of
     /// microseconds, so the RTO starts at 1 ms rather than the 100 us a NIC would use. The window
     /// too is sized for a host: its round trip includes batching in both kernels and both
     /// engines (tens of microseconds): across a veth 16 packets of 1024 bytes per path (a NIC's
     /// few-microsecond round trip) held write-bw to 0.8x of one TCP stream and 32 to 0.9x of
-    /// 128, while more than 128 KiB a path (1 MiB a connection) holds it back where the packets
-    /// are long (more in flight than the caches hold). A runner that sets `mtu` sets the window
-    /// with it.
+    /// 128. Once payloads left from their regions (no staging copy), one connection moved more
+    /// with 512 KiB a path than with 128 (6-13% idle, more beside busy loops, at MTU 1500 and
+    /// 9000), where four connections with 360 KiB a path had timeouts fire while their packets
+    /// waited in the receiving socket (the tools share 4 MiB among an engine's paths). A runner
+    /// that sets `mtu` sets the window with it.
     fn default() -> Self {
         QpAttr {
             paths: 8,
