@@ -10,7 +10,8 @@
 # receive row and, every 256th round, in the after-send row): that is the 1% that moves.
 # Needs valgrind (Debian: valgrind).
 #
-# Usage: scripts/hop-instructions.sh [PINGS] [METAROCE]   (default 20000, the release build)
+# Usage: [KEEP=FILE] scripts/hop-instructions.sh [PINGS] [METAROCE]   (default 20000, the release build)
+#   KEEP: also keep callgrind's output there (for callgrind_annotate's per-function view).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PINGS=${1:-20000}
