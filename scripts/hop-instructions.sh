@@ -23,7 +23,7 @@ if [ -z "$M" ]; then
 fi
 OUT=$(mktemp)
 srv=""
-trap 'if [ -n "$srv" ]; then kill "$srv" 2>/dev/null || true; fi; rm -f "$OUT"' EXIT
+trap 'if [ -n "$srv" ]; then kill "$srv" 2>/dev/null || true; fi; if [ -n "${KEEP:-}" ]; then cp "$OUT" "$KEEP"; fi; rm -f "$OUT"' EXIT
 PORT=18831
 valgrind --tool=callgrind --dump-instr=no --callgrind-out-file="$OUT" "$M" write-lat --once -p $PORT >/dev/null 2>&1 &
 srv=$!

@@ -425,17 +425,17 @@ pub const FLIGHT_BYTES: u32 = 4 << 20;
 pub const MAX_PATH_WINDOW_BYTES: u32 = 512 << 10;
 
 /// The byte budget of a path's window by default: [`FLIGHT_BYTES`] shared by the paths of the
-/// connections one engine drives (`qps` over `threads`), from [`udp::DEFAULT_WINDOW_BYTES`] to
-/// [`MAX_PATH_WINDOW_BYTES`]: 512 KiB a path for one connection of 8 paths, 128 KiB (as with
-/// any number of connections before) from 4 of them. A round trip across a host's kernels
-/// holds the time the receiving process waits for a CPU: one connection at 128 KiB a path
-/// moved 9% less idle at MTU 1500 and less still beside two busy loops, where four connections
-/// with two times the flight each had timeouts fire while their packets sat in the receiving
-/// socket's queue (docs/BENCHMARKS.md). A flight in bytes shared by what shares the socket
-/// keeps its queue, and the time in it, the same however many connections there are.
+/// connections one engine drives (`qps`: with `--threads` each worker runs with its own share and
+/// one thread), from [`udp::DEFAULT_WINDOW_BYTES`] to [`MAX_PATH_WINDOW_BYTES`]: 512 KiB a path
+/// for one connection of 8 paths, 256 KiB for two, and from four connections (or 32 paths) on
+/// the 128 KiB of before, so that more connections put more in flight, as they did before. A
+/// round trip across a host's kernels holds the time the receiving process waits for a CPU: one
+/// connection at 128 KiB a path moved 11% less idle across a veth at MTU 1500 and 18% less
+/// beside two busy loops than at 255 packets (359 KiB; medians of six alternating rounds), where
+/// four connections with 2.7 times the flight each once had timeouts fire with nothing dropped
+/// (docs/BENCHMARKS.md).
 pub fn path_window_bytes(cfg: &PerfConfig) -> u32 {
-    let conns = cfg.qps.max(1).div_ceil(cfg.threads.max(1));
-    let paths = conns.saturating_mul(u32::from(cfg.paths.max(1)));
+    let paths = cfg.qps.max(1).saturating_mul(u32::from(cfg.paths.max(1)));
     (FLIGHT_BYTES / paths).clamp(udp::DEFAULT_WINDOW_BYTES, MAX_PATH_WINDOW_BYTES)
 }
 

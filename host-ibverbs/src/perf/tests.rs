@@ -85,15 +85,17 @@ fn every_bandwidth_test_moves_verified_bytes() {
     }
 }
 
-/// The window per path by default, one connection of 8 paths: at most 512 KiB of packets (255
-/// at most): 255 of 1024 bytes and 128 of 4096 (given with -m here), starting at 32 and growing
-/// on unmarked ACKs (nothing marks here); `--window` sets both, in packets.
+/// The window per path by default, one connection of 8 paths: its share of the engine's 4 MiB,
+/// 512 KiB a path, in packets: 255 of 1024 bytes (the SACK bitmap's cap) and 128 of 4096 (given
+/// with -m here), starting at 32 and 8 and growing on unmarked ACKs (nothing marks here) past the
+/// 128 and 64 of the 128 KiB a path there was before; `--window` sets both, in packets.
 #[test]
-fn the_default_window_holds_512_kib_a_path_of_one_connection() {
-    for (mtu, window, iters, want) in [
-        (1024, None, 3000, 33..=255),
-        (4096, None, 3000, 33..=128),
-        (1024, Some(20), 200, 20..=20),
+fn the_default_window_of_one_connection_grows_past_128_kib_a_path() {
+    // (payload, --window, iterations, every path's window in, the largest path's window above)
+    for (mtu, window, iters, each, largest_above) in [
+        (1024, None, 3000, 33..=255, 128),
+        (4096, None, 3000, 9..=128, 64),
+        (1024, Some(20), 200, 20..=20, 19),
     ] {
         let mut cfg = PerfConfig::new(Test::WriteBw);
         cfg.size = 65_536;
@@ -107,8 +109,12 @@ fn the_default_window_holds_512_kib_a_path_of_one_connection() {
         let w = &r.connections[0].path_windows;
         assert_eq!(w.len(), 8);
         assert!(
-            w.iter().all(|w| want.contains(w)),
-            "-m {mtu} --window {window:?}: {w:?}, not in {want:?}"
+            w.iter().all(|w| each.contains(w)),
+            "-m {mtu} --window {window:?}: {w:?}, not in {each:?}"
+        );
+        assert!(
+            w.iter().max().is_some_and(|&m| m > largest_above),
+            "-m {mtu} --window {window:?}: {w:?}, none above {largest_above}"
         );
     }
 }
@@ -170,21 +176,25 @@ fn windows_resolve_by_payload_and_controller() {
     assert_eq!(windows(&with(Cc::MetaRoce, None, None), 16384), (32, 2));
     assert_eq!(windows(&with(Cc::MetaRoce, None, None), 256), (255, 32));
     // The engine's 4 MiB shared by its connections' paths, 128 KiB a path at least.
-    let shared = |qps, paths, threads| {
+    let shared = |qps, paths| {
         let mut c = with(Cc::MetaRoce, None, None);
-        (c.qps, c.paths, c.threads) = (qps, paths, threads);
+        (c.qps, c.paths) = (qps, paths);
         c
     };
-    assert_eq!(path_window_bytes(&shared(2, 8, 1)), 256 << 10);
-    assert_eq!(windows(&shared(2, 8, 1), 1408), (186, 23));
-    assert_eq!(windows(&shared(4, 8, 1), 1408), (93, 23));
-    assert_eq!(windows(&shared(4, 8, 1), 4096), (64, 8));
-    assert_eq!(windows(&shared(4, 8, 1), 16384), (16, 2));
-    assert_eq!(windows(&shared(64, 8, 1), 1408), (93, 23));
-    // A path of its own takes 512 KiB, no more; worker threads each drive their share.
-    assert_eq!(windows(&shared(1, 1, 1), 16384), (32, 2));
-    assert_eq!(path_window_bytes(&shared(4, 8, 4)), 512 << 10);
-    assert_eq!(path_window_bytes(&shared(5, 8, 4)), 256 << 10);
+    assert_eq!(path_window_bytes(&shared(2, 8)), 256 << 10);
+    assert_eq!(windows(&shared(2, 8), 1408), (186, 23));
+    assert_eq!(windows(&shared(4, 8), 1408), (93, 23));
+    assert_eq!(windows(&shared(4, 8), 4096), (64, 8));
+    assert_eq!(windows(&shared(4, 8), 16384), (16, 2));
+    assert_eq!(windows(&shared(64, 8), 1408), (93, 23));
+    // Paths share it as connections do; a path of its own takes 512 KiB, no more.
+    assert_eq!(path_window_bytes(&shared(1, 16)), 256 << 10);
+    assert_eq!(path_window_bytes(&shared(1, 64)), 128 << 10);
+    assert_eq!(windows(&shared(1, 1), 16384), (32, 2));
+    // Three connections: 170 KiB a path, 124 packets of 1408 bytes; of 4096 bytes the 64-packet
+    // floor of `window_of` (256 KiB) is more than the share.
+    assert_eq!(windows(&shared(3, 8), 1408), (124, 23));
+    assert_eq!(windows(&shared(3, 8), 4096), (64, 8));
     for cc in [Cc::Dcqcn, Cc::DcqcnPaper, Cc::Timely, Cc::Swift] {
         assert_eq!(windows(&with(cc, None, None), 1024), (32, 32), "{cc:?}");
         assert_eq!(windows(&with(cc, None, None), 16384), (16, 16), "{cc:?}");

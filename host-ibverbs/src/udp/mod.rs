@@ -156,8 +156,10 @@ pub const MAX_MTU: u32 = 65_000 - 128;
 /// Packets in a row a path takes by default once picked ([`QpAttr::spray_burst`]).
 pub const DEFAULT_SPRAY_BURST: u8 = 8;
 
-/// Bytes in flight per path by default: the window is a byte budget (what a round trip holds
-/// is bytes), taken in packets of the payload in use by [`window_for`].
+/// Bytes in flight per path by default for a [`QpAttr`] that sets its `mtu` ([`window_for`]), the
+/// least of the tools' default (which gives one connection up to 512 KiB a path) and the cap of
+/// their rate- and delay-based controllers: the window is a byte budget (what a round trip holds
+/// is bytes), taken in packets of the payload in use.
 pub const DEFAULT_WINDOW_BYTES: u32 = 128 << 10;
 
 /// Packets in flight per path by default at least, where that takes no more than twice
@@ -180,13 +182,15 @@ pub fn start_window_for(payload: u32) -> u32 {
     (START_WINDOW_BYTES / payload.max(1)).clamp(2, DEFAULT_WINDOW)
 }
 
-/// The default window per path, packets, for `payload`-byte packets: [`DEFAULT_WINDOW_BYTES`]
-/// of them, or [`MIN_WINDOW_PACKETS`] where they fit in twice that, 16 to 255 packets (the
-/// 256-bit SACK bitmap bounds a path's flight). 64 at 4096 bytes and 2048, 128 at 1024.
-/// [`window_of`] with [`DEFAULT_WINDOW_BYTES`].
+/// The window per path, packets, for `payload`-byte packets at [`DEFAULT_WINDOW_BYTES`]
+/// ([`window_of`]): [`DEFAULT_WINDOW_BYTES`] of them, or [`MIN_WINDOW_PACKETS`] where they fit in
+/// twice that, 16 to 255 packets (the 256-bit SACK bitmap bounds a path's flight). 64 at 4096
+/// bytes and 2048, 128 at 1024.
 ///
-/// Measured (docs/BENCHMARKS.md): across a veth at MTU 1500 (1024-byte payloads), 32 packets a
-/// path held write-bw 10-20% below 128, and 255 held it 5-20% below; with 4096-byte payloads
+/// Measured (docs/BENCHMARKS.md), with the sender that copied every payload into staging buffers:
+/// across a veth at MTU 1500 (1024-byte payloads), 32 packets a
+/// path held write-bw 10-20% below 128, and 255 held it 5-20% below (since payloads leave from
+/// their regions, 255 of 1408 bytes moved 11% more than 93 for one connection); with 4096-byte payloads
 /// (loopback, veth at MTU 9000), since payloads leave from their regions, 64 packets moved
 /// 10-15% more than 32 (a 64 KB GSO send holds 15 of them: a path needs a few sends in flight,
 /// not only bytes), where the copying sender of before lost a quarter or more at 128 (its
@@ -261,10 +265,10 @@ impl Default for QpAttr {
     /// engines (tens of microseconds): across a veth 16 packets of 1024 bytes per path (a NIC's
     /// few-microsecond round trip) held write-bw to 0.8x of one TCP stream and 32 to 0.9x of
     /// 128. Once payloads left from their regions (no staging copy), one connection moved more
-    /// with 512 KiB a path than with 128 (6-13% idle, more beside busy loops, at MTU 1500 and
-    /// 9000), where four connections with 360 KiB a path had timeouts fire while their packets
-    /// waited in the receiving socket (the tools share 4 MiB among an engine's paths). A runner
-    /// that sets `mtu` sets the window with it.
+    /// with 255 packets a path than with 128 KiB (6-13% idle and 22-24% beside two busy loops,
+    /// at MTU 1500 and 9000), where four connections with 359 KiB a path once had timeouts fire
+    /// with nothing dropped (the tools share 4 MiB among an engine's paths). A runner that sets
+    /// `mtu` sets the window with it.
     fn default() -> Self {
         QpAttr {
             paths: 8,
