@@ -161,13 +161,9 @@ fn windows_resolve_by_payload_and_controller() {
         c
     };
     // One connection of 8 paths (the tools' default): 512 KiB a path.
-    assert_eq!(
-        (
-            with(Cc::MetaRoce, None, None).qps,
-            with(Cc::MetaRoce, None, None).paths
-        ),
-        (1, 8)
-    );
+    let one = with(Cc::MetaRoce, None, None);
+    assert_eq!((one.qps, one.paths), (1, 8));
+    assert_eq!(path_window_bytes(&one), 512 << 10);
     assert_eq!(windows(&with(Cc::MetaRoce, None, None), 1024), (255, 32));
     assert_eq!(windows(&with(Cc::EcnAimd, None, None), 2048), (255, 16));
     assert_eq!(windows(&with(Cc::MetaRoce, None, None), 4096), (128, 8));

@@ -187,10 +187,10 @@ pub fn start_window_for(payload: u32) -> u32 {
 /// twice that, 16 to 255 packets (the 256-bit SACK bitmap bounds a path's flight). 64 at 4096
 /// bytes and 2048, 128 at 1024.
 ///
-/// Measured (docs/BENCHMARKS.md), with the sender that copied every payload into staging buffers:
-/// across a veth at MTU 1500 (1024-byte payloads), 32 packets a
-/// path held write-bw 10-20% below 128, and 255 held it 5-20% below (since payloads leave from
-/// their regions, 255 of 1408 bytes moved 11% more than 93 for one connection); with 4096-byte payloads
+/// Measured (docs/BENCHMARKS.md), with the sender that copied every payload into staging
+/// buffers: across a veth at MTU 1500 (1024-byte payloads), 32 packets a path held write-bw
+/// 10-20% below 128, and 255 held it 5-20% below (since payloads leave from their regions, 255
+/// of 1408 bytes moved 11% more than 93 for one connection); with 4096-byte payloads
 /// (loopback, veth at MTU 9000), since payloads leave from their regions, 64 packets moved
 /// 10-15% more than 32 (a 64 KB GSO send holds 15 of them: a path needs a few sends in flight,
 /// not only bytes), where the copying sender of before lost a quarter or more at 128 (its
