@@ -836,6 +836,53 @@ fn a_hostile_hello_payload_is_bounded_or_refused() {
     assert_eq!(s.cfg.icrc, Some(udp::IcrcMode::Off));
 }
 
+/// The flight a client asks of the server (its connections, paths, window and start window) is
+/// the server's to bound: in range it is taken as given (the server never computes its own
+/// default over it), out of range or not a number the session is refused with the field named.
+#[test]
+fn a_hostile_hello_flight_is_refused() {
+    let server = PerfConfig::new(Test::WriteBw);
+    let hello = |qps: &str, paths: &str, window: &str, start: &str| {
+        Message::new("hello")
+            .with("test", "write-bw")
+            .with("transport", "udp")
+            .with("workers", 1)
+            .with("qps", qps)
+            .with("paths", paths)
+            .with("window", window)
+            .with("start_window", start)
+    };
+    let s = session_config(&server, &hello("2", "8", "255", "23")).unwrap();
+    assert_eq!(
+        (s.cfg.qps, s.cfg.paths, s.cfg.window, s.cfg.start_window),
+        (2, 8, Some(255), Some(23))
+    );
+    assert_eq!(windows(&s.cfg, 1408), (255, 23));
+    for (qps, paths, window, start, field) in [
+        ("1", "8", "0", "1", "window"),
+        ("1", "8", "256", "32", "window"),
+        ("1", "8", "4294967295", "32", "window"),
+        ("1", "8", "32", "0", "window"),
+        ("1", "8", "32", "1000", "window"),
+        ("1", "8", "-1", "32", "window"),
+        ("1", "8", "lots", "32", "window"),
+        ("0", "8", "32", "32", "-q"),
+        ("65", "8", "32", "32", "-q"),
+        ("4294967295", "8", "32", "32", "-q"),
+        ("1", "0", "32", "32", "--paths"),
+        ("1", "65", "32", "32", "--paths"),
+        ("1", "256", "32", "32", "paths"),
+    ] {
+        let err = session_config(&server, &hello(qps, paths, window, start))
+            .err()
+            .unwrap_or_else(|| panic!("{qps} {paths} {window} {start}: taken"));
+        assert!(
+            err.to_string().contains(field),
+            "{qps} {paths} {window} {start}: {err}"
+        );
+    }
+}
+
 #[test]
 fn without_the_icrc_is_refused_over_verbs() {
     let mut cfg = PerfConfig::new(Test::WriteBw);
