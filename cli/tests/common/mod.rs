@@ -108,6 +108,27 @@ pub fn pair(
     server_addr: &str,
     env: &[(&str, &str)],
 ) -> Pair {
+    pair_during(
+        test,
+        (server_prefix, server_args),
+        (client_prefix, client_args),
+        server_addr,
+        env,
+        |_, _| {},
+    )
+}
+
+/// As [`pair`], with `during` run on a thread of its own while the client runs: it is given the
+/// server's process id (a prefix such as `ip netns exec` executes the server in its own place)
+/// and a flag set once the client has exited; the server is waited for after `during` returns.
+pub fn pair_during(
+    test: &str,
+    (server_prefix, server_args): (&[&str], &[&str]),
+    (client_prefix, client_args): (&[&str], &[&str]),
+    server_addr: &str,
+    env: &[(&str, &str)],
+    during: impl FnOnce(u32, &std::sync::atomic::AtomicBool) + Send + 'static,
+) -> Pair {
     let spawn = |prefix: &[&str], args: Vec<&str>| {
         let mut cmd = if prefix.is_empty() {
             Command::new(bin())
@@ -163,7 +184,14 @@ pub fn pair(
     });
     let mut cargs = vec![server_addr, "-p", port.as_str()];
     cargs.extend_from_slice(client_args);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let side = {
+        let (done, pid) = (done.clone(), server.id());
+        std::thread::spawn(move || during(pid, &done))
+    };
     let client = wait(spawn(client_prefix, cargs), Duration::from_secs(180));
+    done.store(true, Ordering::Relaxed);
+    side.join().expect("the thread beside the pair");
     let mut server = wait(server, Duration::from_secs(30));
     early.push_str(&rest.join().unwrap_or_default());
     server.stderr = early.into_bytes();

@@ -110,6 +110,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             s = s.add(1);
         }
         self.settle_path_una(i);
+        if acked_now > 0 {
+            self.progress_at = now;
+        }
         if newest_sent > self.rack_sent {
             self.rack_sent = newest_sent;
             self.rack_dirty = true;

@@ -89,7 +89,14 @@ const QUIET_PROBES: u8 = 8;
 /// peer answers nothing on any path, one path's silence is no evidence against that path: the peer's
 /// host may be stalled (a software peer whose CPU went to other work), and what it answers when it
 /// runs again tells exactly what was lost. A silence this long may be every route dying at once.
-const PEER_SILENCE_RTOS: u64 = 8;
+///
+/// Thirty-two: 128 ms at the host transport's 4 ms, 10 ms at the default 320 us. A software peer
+/// beside other work on a virtual machine was seen silent for 30-40 ms at a time, and then
+/// takes as long again to work through the backlog its socket holds; eight (32 ms) took such
+/// stalls for loss (a window of needless retransmissions on every path, and a path declared
+/// failed). The cost of waiting longer falls only where a path's tail is lost while nothing
+/// else the peer could answer is in flight: it is declared lost this much later.
+const PEER_SILENCE_RTOS: u64 = 32;
 /// Restarts for host stalls a path's timers take while the path does not move (its oldest packet
 /// in flight stays unresolved, no probe leaves): a host that stalls again and again (an
 /// overloaded machine, a runner whose every round runs long) must still find a loss.
@@ -157,6 +164,10 @@ pub struct Connection<
     /// The latest send time of any transmission acknowledged so far, on any path: a transmission
     /// sent before it and still unresolved past its own path's round trip is overdue (lost).
     rack_sent: Instant,
+    /// When an ACK last acknowledged a transmission for the first time, on any path: the peer's
+    /// last progress through what this end sent (a stalled peer catching up on its backlog
+    /// makes progress at every ACK, whichever path's run it reads).
+    progress_at: Instant,
     rr: usize,
     /// The path the last atomic took: atomics keep to one path while it has room, so they
     /// reach the responder in order (one that overtakes an earlier packet is refused
@@ -219,7 +230,9 @@ pub struct Connection<
     rate: RateControl<P>,
     /// The peer's last silence of at least `rto_low`: when it was last heard before, and first
     /// heard after. What it sends right after such a silence is its backlog (a stalled host
-    /// catching up), not an answer to what left meanwhile.
+    /// catching up), not an answer to what left meanwhile. A silence that begins before the
+    /// peer has acknowledged anything sent after it was heard again extends the one before (it
+    /// stalled again while catching up).
     silence: Option<(Instant, Instant)>,
 }
 
@@ -327,6 +340,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
             nacks: [None; NACK_QUEUE],
             unverified_confirm: None,
             rack_sent: Instant::ZERO,
+            progress_at: Instant::ZERO,
             rack_dirty: false,
             inflight: PathSet::default(),
             probing: PathSet::default(),

@@ -276,19 +276,30 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// probe, and the probe's answer is further back in its queue (a trace showed a path's flight
     /// declared lost 22 us after such a peer was first heard again, 8.6 ms into its silence).
     /// Until it acknowledges a transmission that left after the probe (on any path: its queue is
-    /// then past the probe), the wait goes on, counted from the start of its silence. That holds
-    /// for the probes sent again while it catches up too, which leave after it is heard.
+    /// then past the probe), the wait goes on, counted from its last progress: the start of its
+    /// silence, or the last ACK that acknowledged something for the first time, if later, but
+    /// no later than one wait into the silence (so the wait ends at most two waits after the
+    /// silence began, whatever the peer acknowledges: a dead route must still be found while the
+    /// peer works through a deep queue). A backlog takes about as long to work through as the
+    /// silence that built it (a slow peer's socket buffer holds a whole flight: 2.8 MB is 28 ms
+    /// at 0.8 Gb/s), so counting from the start of the silence alone took it for loss; a peer
+    /// that stops making progress while it catches up is silent again, and the wait ends as it
+    /// would. That holds for the probes sent again while it catches up too, which leave after
+    /// it is heard.
     pub(super) fn peer_wait_ends(&self, probe_at: Instant) -> Option<Instant> {
         let heard = self.last_heard?;
+        let wait = self.cfg.rto_high.saturating_mul(PEER_SILENCE_RTOS);
         let quiet_since = if heard <= probe_at {
             heard
         } else {
             match self.silence {
-                Some((from, _)) if from <= probe_at && self.rack_sent < probe_at => from,
+                Some((from, _)) if from <= probe_at && self.rack_sent < probe_at => {
+                    from.max(self.progress_at.min(from + wait))
+                }
                 _ => return None,
             }
         };
-        Some(quiet_since + self.cfg.rto_high.saturating_mul(PEER_SILENCE_RTOS))
+        Some(quiet_since + wait)
     }
 
     /// Whether the peer has answered since `t`: heard, and not only catching up on what reached
