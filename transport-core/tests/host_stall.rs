@@ -305,14 +305,16 @@ fn a_peer_catching_up_after_a_stall_costs_no_retransmission() {
     );
 }
 
-/// The peer's host stalls for 1 ms, then reads the backlog its socket holds slowly (a debug
-/// build beside busy loops reads 0.8 Gb/s: a window of 2.8 MB is 28 ms): the datagrams that
-/// reached it during the stall take one and a half times the wait for a silent peer to read,
-/// and A's tail probes wait behind them. The peer acknowledges something new at every read, so
+/// The peer's host stalls for three quarters of the wait for a silent peer (7.7 ms), then reads
+/// the backlog its socket holds slowly, one
+/// datagram every 90 us (a debug build beside busy loops reads 0.8 Gb/s: a flight of 2.8 MB is
+/// 28 ms), each read within the short timeout of the one before (so the peer is heard
+/// throughout): the last datagrams that reached it during the stall, and A's tail probes behind
+/// them, are read after the wait for a silent peer counted from the start of its silence. The
+/// peer acknowledges something for the first time at almost every read (all but the probes), so
 /// nothing is declared lost, nothing is sent twice and no path is declared failed. (While the
-/// wait was counted from the start of the silence, it ended with the backlog half read, and the
-/// paths' flights were declared lost: across a veth, every stall of 25-30 ms cost a window of
-/// retransmissions.)
+/// wait was counted from the start of the silence alone, it ended before the last path's run
+/// was read, and that path's flight was declared lost.)
 #[test]
 fn a_backlog_read_for_longer_than_the_wait_costs_no_retransmission() {
     use transport_core::conn::Event;
@@ -335,7 +337,7 @@ fn a_backlog_read_for_longer_than_the_wait_costs_no_retransmission() {
         }
         p.deliver_and_tick(&mut |_, _| false);
     };
-    while p.now < from + 1_000_000 {
+    while p.now < from + wait * 3 / 4 {
         exchange(&mut p, &mut backlog);
     }
     assert!(
@@ -343,11 +345,16 @@ fn a_backlog_read_for_longer_than_the_wait_costs_no_retransmission() {
         "A probed the silent paths"
     );
     // The stall's backlog by path, as a sender using GSO leaves each path's run at once: the
-    // last path's run, and its tail probes, are read last. B reads one datagram every `every`
-    // ns: the stall's backlog takes 1.5 waits.
+    // last path's run, and its tail probes, are read last, after the wait counted from the
+    // start of the silence.
     backlog.make_contiguous().sort_by_key(|(port, _)| *port);
-    let every = (wait * 3 / 2 / backlog.len() as u64).max(1_000);
-    let until = p.now + wait * 3 / 2;
+    let every = common::config(1, 2).rto_low * 9 / 10;
+    let until = p.now + backlog.len() as u64 * every;
+    assert!(
+        until > from + wait,
+        "the backlog ({}) is read within the wait",
+        backlog.len()
+    );
     let mut next_read = p.now;
     while p.now < until {
         if p.now >= next_read {

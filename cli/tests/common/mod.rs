@@ -184,13 +184,23 @@ pub fn pair_during(
     });
     let mut cargs = vec![server_addr, "-p", port.as_str()];
     cargs.extend_from_slice(client_args);
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    /// Sets the flag when dropped: also when the client's deadline panics, so that `during`
+    /// ends (and lets the server run) whatever happens.
+    struct Done(std::sync::Arc<std::sync::atomic::AtomicBool>);
+    impl Drop for Done {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+    let done = Done(std::sync::Arc::new(std::sync::atomic::AtomicBool::new(
+        false,
+    )));
     let side = {
-        let (done, pid) = (done.clone(), server.id());
-        std::thread::spawn(move || during(pid, &done))
+        let (flag, pid) = (done.0.clone(), server.id());
+        std::thread::spawn(move || during(pid, &flag))
     };
     let client = wait(spawn(client_prefix, cargs), Duration::from_secs(180));
-    done.store(true, Ordering::Relaxed);
+    drop(done);
     side.join().expect("the thread beside the pair");
     let mut server = wait(server, Duration::from_secs(30));
     early.push_str(&rest.join().unwrap_or_default());

@@ -94,8 +94,9 @@ const QUIET_PROBES: u8 = 8;
 /// beside other work on a virtual machine was seen silent for 30-40 ms at a time, and then
 /// takes as long again to work through the backlog its socket holds; eight (32 ms) took such
 /// stalls for loss (a window of needless retransmissions on every path, and a path declared
-/// failed). The cost of waiting longer falls only where a path's tail is lost while nothing
-/// else the peer could answer is in flight: it is declared lost this much later.
+/// failed). Waiting longer costs where every route dies at once, and where a path's tail is lost
+/// while nothing else the peer could answer is in flight (or while it catches up): the loss is
+/// declared that much later.
 const PEER_SILENCE_RTOS: u64 = 32;
 /// Restarts for host stalls a path's timers take while the path does not move (its oldest packet
 /// in flight stays unresolved, no probe leaves): a host that stalls again and again (an
@@ -230,9 +231,7 @@ pub struct Connection<
     rate: RateControl<P>,
     /// The peer's last silence of at least `rto_low`: when it was last heard before, and first
     /// heard after. What it sends right after such a silence is its backlog (a stalled host
-    /// catching up), not an answer to what left meanwhile. A silence that begins before the
-    /// peer has acknowledged anything sent after it was heard again extends the one before (it
-    /// stalled again while catching up).
+    /// catching up), not an answer to what left meanwhile.
     silence: Option<(Instant, Instant)>,
 }
 

@@ -79,13 +79,7 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
         // meanwhile is at fault, not the hosts (but see `peer_wait_ends` for a peer catching up).
         if let Some(h) = self.last_heard {
             if now.since(h) >= self.cfg.rto_low {
-                // A peer silent again before it worked through the backlog of its last silence
-                // (nothing it acknowledged left after it was heard again) is still catching up
-                // on that backlog: the silence runs from its first start.
-                self.silence = match self.silence {
-                    Some((from, back)) if self.rack_sent < back => Some((from, now)),
-                    _ => Some((h, now)),
-                };
+                self.silence = Some((h, now));
             }
         }
         self.last_heard = Some(now);

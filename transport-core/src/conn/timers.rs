@@ -261,8 +261,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// Whether a path whose tail probe left at `probe_at` and was not answered should wait for
     /// the peer instead of declaring what it carried lost: nothing at all came from the peer, on
     /// any path, since the probe left (the peer was heard before: a peer never heard gives no
-    /// reason to wait), and for less than [`PEER_SILENCE_RTOS`] long timeouts. Evidence against
-    /// the path is the peer answering while the path does not.
+    /// reason to wait), and for less than [`PEER_SILENCE_RTOS`] long timeouts; or a peer catching
+    /// up after such a silence, as [`Self::peer_wait_ends`] says. Evidence against the path is the
+    /// peer answering while the path does not.
     pub(super) fn waits_for_peer(&self, probe_at: Instant, now: Instant) -> bool {
         self.peer_wait_ends(probe_at).is_some_and(|end| now < end)
     }
@@ -278,9 +279,9 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// Until it acknowledges a transmission that left after the probe (on any path: its queue is
     /// then past the probe), the wait goes on, counted from its last progress: the start of its
     /// silence, or the last ACK that acknowledged something for the first time, if later, but
-    /// no later than one wait into the silence (so the wait ends at most two waits after the
-    /// silence began, whatever the peer acknowledges: a dead route must still be found while the
-    /// peer works through a deep queue). A backlog takes about as long to work through as the
+    /// no later than one wait into the silence (so while the peer is heard the wait ends at most
+    /// two waits after its silence began, whatever it acknowledges: a dead route must still be
+    /// found while the peer works through a deep queue). A backlog takes about as long to work through as the
     /// silence that built it (a slow peer's socket buffer holds a whole flight: 2.8 MB is 28 ms
     /// at 0.8 Gb/s), so counting from the start of the silence alone took it for loss; a peer
     /// that stops making progress while it catches up is silent again, and the wait ends as it
