@@ -317,9 +317,42 @@ fn a_peer_catching_up_after_a_stall_costs_no_retransmission() {
 /// was read, and that path's flight was declared lost.)
 #[test]
 fn a_backlog_read_for_longer_than_the_wait_costs_no_retransmission() {
+    let wait = common::config(1, 2).rto_high * PEER_SILENCE_RTOS;
+    let c = after_a_stall_the_peer_reads_its_backlog(wait * 3 / 4, None);
+    assert_eq!(
+        (c.retransmitted, c.lost_by_timeout, c.path_failures),
+        (0, 0, 0),
+        "{c:?}"
+    );
+}
+
+/// The peer's host stalls for 3 ms, reads the first half of the backlog its socket holds (one
+/// datagram every 90 us), stalls again for 2 ms (longer than the short timeout: a new silence,
+/// which began after A's first tail probes left) and reads the rest: nothing is declared lost,
+/// nothing is sent twice and no path is declared failed. The paths not yet read probe again
+/// during the second stall (one probe per long timeout), and those probes wait behind it; a
+/// pause of 150 us to 8 ms passes alike.
+#[test]
+fn a_catch_up_interrupted_by_a_second_stall_costs_no_retransmission() {
+    let c = after_a_stall_the_peer_reads_its_backlog(3_000_000, Some(2_000_000));
+    assert_eq!(
+        (c.retransmitted, c.lost_by_timeout, c.path_failures),
+        (0, 0, 0),
+        "{c:?}"
+    );
+}
+
+/// Moves 256 KiB from A to B while B's host stalls for `stall` ns (from 3 us after the start),
+/// then reads the backlog its socket holds by path (as a sender using GSO leaves each path's
+/// run at once), one datagram every 90 us (within the short timeout), stalling again for
+/// `pause` ns halfway if given; what A sends meanwhile queues behind. Asserts that nothing was
+/// declared lost while B read, and that everything arrived; returns A's counters.
+fn after_a_stall_the_peer_reads_its_backlog(
+    stall: u64,
+    pause: Option<u64>,
+) -> transport_core::conn::Counters {
     use transport_core::conn::Event;
     let mut p = writing_256_kib();
-    let wait = common::config(1, 2).rto_high * PEER_SILENCE_RTOS;
     let from = p.now + 3_000;
     while p.now < from {
         p.round(&mut |_, _| false);
@@ -337,30 +370,36 @@ fn a_backlog_read_for_longer_than_the_wait_costs_no_retransmission() {
         }
         p.deliver_and_tick(&mut |_, _| false);
     };
-    while p.now < from + wait * 3 / 4 {
+    while p.now < from + stall {
         exchange(&mut p, &mut backlog);
     }
     assert!(
         p.a.conn.counters().peer_silent_waits > 0 || p.a.conn.counters().overdue_probes > 0,
         "A probed the silent paths"
     );
-    // The stall's backlog by path, as a sender using GSO leaves each path's run at once: the
-    // last path's run, and its tail probes, are read last, after the wait counted from the
-    // start of the silence.
     backlog.make_contiguous().sort_by_key(|(port, _)| *port);
     let every = common::config(1, 2).rto_low * 9 / 10;
-    let until = p.now + backlog.len() as u64 * every;
-    assert!(
-        until > from + wait,
-        "the backlog ({}) is read within the wait",
-        backlog.len()
-    );
-    let mut next_read = p.now;
+    let stalled = backlog.len();
+    let until = p.now + stalled as u64 * every + pause.unwrap_or(0);
+    if pause.is_none() {
+        // The last path's run, and its tail probes, are read after the wait counted from the
+        // start of the silence.
+        let wait = common::config(1, 2).rto_high * PEER_SILENCE_RTOS;
+        assert!(
+            until > from + wait,
+            "the backlog ({stalled}) is read within the wait"
+        );
+    }
+    let (mut next_read, mut read) = (p.now, 0);
     while p.now < until {
         if p.now >= next_read {
             next_read += every;
+            if read == stalled / 2 {
+                next_read += pause.unwrap_or(0);
+            }
             if let Some((port, bytes)) = backlog.pop_front() {
                 let _ = p.deliver(true, port, &bytes);
+                read += 1;
             }
         }
         exchange(&mut p, &mut backlog);
@@ -381,13 +420,9 @@ fn a_backlog_read_for_longer_than_the_wait_costs_no_retransmission() {
         }
         p.round(&mut |_, _| false);
     }
-    let c = p.a.conn.counters();
+    let c = *p.a.conn.counters();
     assert!(p.a.mem[..256 * 1024] == p.b.mem[..256 * 1024], "{c:?}");
-    assert_eq!(
-        (c.retransmitted, c.lost_by_timeout, c.path_failures),
-        (0, 0, 0),
-        "{c:?}"
-    );
+    c
 }
 
 /// A host that stalls again and again (a slow or overloaded machine, a runner whose every round
