@@ -425,6 +425,89 @@ fn after_a_stall_the_peer_reads_its_backlog(
     c
 }
 
+/// A route that dies while the peer catches up is still found: the wait for a peer catching up
+/// runs from its last progress, but from no later than one wait into its silence. Here the wait
+/// is 3.2 ms (long and short timeouts of 100 us); B stalls for half of it, and path 3's route
+/// dies from then on (nothing A sends on it reaches B). B then reads its backlog one datagram
+/// every 90 us, acknowledging something for the first time at almost every read, for longer than
+/// two waits. Path 3's flight is declared lost before B has read what reached it during the
+/// stall (nothing sent after path 3's probes is acknowledged before that), and within two waits
+/// of the silence's start and a few timeouts more; the other paths lose nothing.
+#[test]
+fn a_route_dead_while_the_peer_catches_up_is_found_within_two_waits() {
+    use transport_core::path::PathId;
+    let mut cfg = [common::config(1, 2), common::config(2, 1)];
+    for c in &mut cfg {
+        c.rto_high = c.rto_low;
+    }
+    let wait = cfg[0].rto_high * PEER_SILENCE_RTOS;
+    let mut p = Pair::with_configs(cfg[0], cfg[1]);
+    p.grant_writes(KEY);
+    p.a.conn
+        .post(Instant::ZERO, common::write_at(1, 0, 256 * 1024, KEY))
+        .unwrap();
+    let from = p.now + 3_000;
+    while p.now < from {
+        p.round(&mut |_, _| false);
+    }
+    let dead = p.a.conn.path_stats(PathId(3)).expect("path 3").src_port;
+    let mut backlog: std::collections::VecDeque<(u16, Vec<u8>)> = Default::default();
+    let exchange = |p: &mut Pair, backlog: &mut std::collections::VecDeque<_>| {
+        p.transmit();
+        for (to_b, port, bytes) in std::mem::take(&mut p.wire) {
+            if to_b {
+                if port != dead {
+                    backlog.push_back((port, bytes));
+                }
+            } else {
+                let _ = p.deliver(false, port, &bytes);
+            }
+        }
+        p.deliver_and_tick(&mut |_, _| false);
+    };
+    while p.now < from + wait / 2 {
+        exchange(&mut p, &mut backlog);
+    }
+    let mut stalled = backlog.len();
+    let every = cfg[0].rto_low * 9 / 10;
+    assert!(
+        p.now + stalled as u64 * every > from + 2 * wait,
+        "the stall's backlog ({stalled}) takes longer than two waits to read"
+    );
+    let mut next_read = p.now;
+    let found = loop {
+        if p.a.conn.counters().lost_by_timeout > 0 {
+            break p.now;
+        }
+        assert!(
+            stalled > 0,
+            "B read the stall's backlog first: {:?}",
+            p.a.conn.counters()
+        );
+        if p.now >= next_read {
+            next_read += every;
+            if let Some((port, bytes)) = backlog.pop_front() {
+                let _ = p.deliver(true, port, &bytes);
+                stalled -= 1;
+            }
+        }
+        exchange(&mut p, &mut backlog);
+    };
+    assert!(
+        found <= from + 2 * wait + 4 * cfg[0].rto_high,
+        "found {} ns after the silence began",
+        found.since(from)
+    );
+    let c = p.a.conn.counters();
+    for i in 0..3 {
+        assert_eq!(
+            p.a.conn.path_stats(PathId(i)).unwrap().lost,
+            0,
+            "path {i}: {c:?}"
+        );
+    }
+}
+
 /// A host that stalls again and again (a slow or overloaded machine, a runner whose every round
 /// runs long) must not put a path's timer off for ever: after eight restarts in a row while the
 /// path does not move, its timer runs through the stalls, and a packet that was really lost is
