@@ -1158,9 +1158,9 @@ fn a_busy_host_declares_no_path_failed_and_sends_nothing_again() {
 /// this suite once lost a window on every path to such a stall), and which then works through
 /// the backlog its socket holds: nothing is sent again and no path is declared failed. (A run
 /// may still declare packets lost whose ACKs then arrive before they go again: one run in about
-/// sixty here declared 208, and sent none again.) The server is stopped for 30 ms in every 180 ms of a 1-second write-bw, beside
-/// two busy loops; its backlog (up to a flight of 2.8 MB) takes a debug build about as long again
-/// to read. Before the wait for a silent peer lasted 32 long timeouts (128 ms here) instead of 8
+/// sixty here declared 208, and sent none again.) The server is stopped for 30 ms in every
+/// 180 ms of a 1-second write-bw, beside two busy loops; its backlog (up to a flight of 2.8 MB)
+/// takes a debug build about as long again to read. Before the wait for a silent peer lasted 32 long timeouts (128 ms here) instead of 8
 /// and ran from the peer's last progress through its backlog, this build sent 122, 257 and 376
 /// packets again in three such runs (every 100 ms; docs/PROTOCOL.md 6.3), and 194 in the first
 /// run of this test.

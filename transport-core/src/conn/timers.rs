@@ -281,12 +281,12 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// silence, or the last ACK that acknowledged something for the first time, if later, but
     /// no later than one wait into the silence (so while the peer is heard the wait ends at most
     /// two waits after its silence began, whatever it acknowledges: a dead route must still be
-    /// found while the peer works through a deep queue). A backlog takes about as long to work through as the
-    /// silence that built it (a slow peer's socket buffer holds a whole flight: 2.8 MB is 28 ms
-    /// at 0.8 Gb/s), so counting from the start of the silence alone took it for loss; a peer
-    /// that stops making progress while it catches up is silent again, and the wait ends as it
-    /// would. That holds for the probes sent again while it catches up too, which leave after
-    /// it is heard.
+    /// found while the peer works through a deep queue). A backlog takes about as long to work
+    /// through as the silence that built it (a slow peer's socket buffer holds a whole flight:
+    /// 2.8 MB is 28 ms at 0.8 Gb/s), so counting from the start of the silence alone took it for
+    /// loss; a peer that stops making progress while it catches up and falls silent again is
+    /// waited for a wait from when it was last heard. That holds for the probes sent again while
+    /// it catches up too, which leave after it is heard.
     pub(super) fn peer_wait_ends(&self, probe_at: Instant) -> Option<Instant> {
         let heard = self.last_heard?;
         let wait = self.cfg.rto_high.saturating_mul(PEER_SILENCE_RTOS);
