@@ -372,6 +372,35 @@ impl Hosts {
         stall: Duration,
         every: Duration,
     ) -> common::Pair {
+        self.run_during(test, &[], client_args, move |pid, done| {
+            let signal = |sig| {
+                // SAFETY: kill(2) with a process id this test spawned and has not reaped (the
+                // server is waited for after this returns); it touches no memory.
+                unsafe { libc::kill(pid as libc::pid_t, sig) };
+            };
+            std::thread::sleep(every);
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                signal(libc::SIGSTOP);
+                std::thread::sleep(stall);
+                signal(libc::SIGCONT);
+                std::thread::sleep(every);
+            }
+        })
+    }
+
+    /// As `run`, with options for the server too.
+    fn run_both(&self, test: &str, server_args: &[&str], client_args: &[&str]) -> common::Pair {
+        self.run_during(test, server_args, client_args, |_, _| {})
+    }
+
+    /// As `run_both`, with `during` beside the pair (`common::pair_during`).
+    fn run_during(
+        &self,
+        test: &str,
+        server_args: &[&str],
+        client_args: &[&str],
+        during: impl FnOnce(u32, &std::sync::atomic::AtomicBool) + Send + 'static,
+    ) -> common::Pair {
         let sa = self.exec(&self.b);
         let ca = self.exec(&self.a);
         let s: Vec<&str> = sa.iter().map(String::as_str).collect();
@@ -380,36 +409,12 @@ impl Hosts {
         args.extend_from_slice(client_args);
         common::pair_during(
             test,
-            (&s, &[]),
+            (&s, server_args),
             (&c, &args),
             &self.server,
             &[],
-            move |pid, done| {
-                let signal = |sig| {
-                    // SAFETY: kill(2) with a process id this test spawned and has not reaped
-                    // (the server is waited for after this returns); it touches no memory.
-                    unsafe { libc::kill(pid as libc::pid_t, sig) };
-                };
-                std::thread::sleep(every);
-                while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                    signal(libc::SIGSTOP);
-                    std::thread::sleep(stall);
-                    signal(libc::SIGCONT);
-                    std::thread::sleep(every);
-                }
-            },
+            during,
         )
-    }
-
-    /// As `run`, with options for the server too.
-    fn run_both(&self, test: &str, server_args: &[&str], client_args: &[&str]) -> common::Pair {
-        let sa = self.exec(&self.b);
-        let ca = self.exec(&self.a);
-        let s: Vec<&str> = sa.iter().map(String::as_str).collect();
-        let c: Vec<&str> = ca.iter().map(String::as_str).collect();
-        let mut args = vec!["--json"];
-        args.extend_from_slice(client_args);
-        pair(test, &s, server_args, &c, &args, &self.server, &[])
     }
 }
 

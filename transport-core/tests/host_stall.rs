@@ -214,7 +214,6 @@ fn a_silent_peer_leaves_no_timer_due_in_the_past() {
 /// declared lost 22 us after its peer was first heard again, 8.6 ms into its silence.)
 #[test]
 fn a_peer_catching_up_after_a_stall_costs_no_retransmission() {
-    use transport_core::conn::Event;
     let mut p = writing_256_kib();
     let from = p.now + 3_000;
     // What reached B's socket while its host was stalled, not yet read.
@@ -286,7 +285,21 @@ fn a_peer_catching_up_after_a_stall_costs_no_retransmission() {
         (0, 0),
         "while the peer catches up slowly: {c:?}"
     );
-    // The rest of the backlog, then both ends as usual.
+    let c = deliver_the_rest_and_complete(&mut p, backlog);
+    assert_eq!(
+        (c.retransmitted, c.lost_by_timeout, c.lost_by_sack),
+        (0, 0, 0),
+        "{c:?}"
+    );
+}
+
+/// Delivers the rest of B's `backlog` at once, then runs both ends until A's Write of 256 KiB
+/// completes; checks that every byte arrived and returns A's counters.
+fn deliver_the_rest_and_complete(
+    p: &mut Pair,
+    backlog: impl IntoIterator<Item = (u16, Vec<u8>)>,
+) -> transport_core::conn::Counters {
+    use transport_core::conn::Event;
     for (port, bytes) in backlog {
         let _ = p.deliver(true, port, &bytes);
     }
@@ -296,13 +309,9 @@ fn a_peer_catching_up_after_a_stall_costs_no_retransmission() {
         }
         p.round(&mut |_, _| false);
     }
-    let c = p.a.conn.counters();
+    let c = *p.a.conn.counters();
     assert!(p.a.mem[..256 * 1024] == p.b.mem[..256 * 1024], "{c:?}");
-    assert_eq!(
-        (c.retransmitted, c.lost_by_timeout, c.lost_by_sack),
-        (0, 0, 0),
-        "{c:?}"
-    );
+    c
 }
 
 /// The peer's host stalls for three quarters of the wait for a silent peer (7.7 ms), then reads
@@ -318,12 +327,7 @@ fn a_peer_catching_up_after_a_stall_costs_no_retransmission() {
 #[test]
 fn a_backlog_read_for_longer_than_the_wait_costs_no_retransmission() {
     let wait = common::config(1, 2).rto_high * PEER_SILENCE_RTOS;
-    let c = after_a_stall_the_peer_reads_its_backlog(wait * 3 / 4, None);
-    assert_eq!(
-        (c.retransmitted, c.lost_by_timeout, c.path_failures),
-        (0, 0, 0),
-        "{c:?}"
-    );
+    after_a_stall_the_peer_reads_its_backlog(wait * 3 / 4, None);
 }
 
 /// The peer's host stalls for 3 ms, reads the first half of the backlog its socket holds (one
@@ -334,24 +338,16 @@ fn a_backlog_read_for_longer_than_the_wait_costs_no_retransmission() {
 /// pause of 150 us to 8 ms passes alike.
 #[test]
 fn a_catch_up_interrupted_by_a_second_stall_costs_no_retransmission() {
-    let c = after_a_stall_the_peer_reads_its_backlog(3_000_000, Some(2_000_000));
-    assert_eq!(
-        (c.retransmitted, c.lost_by_timeout, c.path_failures),
-        (0, 0, 0),
-        "{c:?}"
-    );
+    after_a_stall_the_peer_reads_its_backlog(3_000_000, Some(2_000_000));
 }
 
 /// Moves 256 KiB from A to B while B's host stalls for `stall` ns (from 3 us after the start),
 /// then reads the backlog its socket holds by path (as a sender using GSO leaves each path's
 /// run at once), one datagram every 90 us (within the short timeout), stalling again for
 /// `pause` ns halfway if given; what A sends meanwhile queues behind. Asserts that nothing was
-/// declared lost while B read, and that everything arrived; returns A's counters.
-fn after_a_stall_the_peer_reads_its_backlog(
-    stall: u64,
-    pause: Option<u64>,
-) -> transport_core::conn::Counters {
-    use transport_core::conn::Event;
+/// declared lost while B read, that everything arrived, and that nothing was sent twice and no
+/// path declared failed.
+fn after_a_stall_the_peer_reads_its_backlog(stall: u64, pause: Option<u64>) {
     let mut p = writing_256_kib();
     let from = p.now + 3_000;
     while p.now < from {
@@ -410,19 +406,12 @@ fn after_a_stall_the_peer_reads_its_backlog(
         (0, 0, 0),
         "while the peer reads its backlog: {c:?}"
     );
-    // The rest of the backlog at once, then both ends as usual.
-    for (port, bytes) in backlog {
-        let _ = p.deliver(true, port, &bytes);
-    }
-    for _ in 0..200_000 {
-        if p.a.events.iter().any(|e| matches!(e, Event::Completion(_))) {
-            break;
-        }
-        p.round(&mut |_, _| false);
-    }
-    let c = *p.a.conn.counters();
-    assert!(p.a.mem[..256 * 1024] == p.b.mem[..256 * 1024], "{c:?}");
-    c
+    let c = deliver_the_rest_and_complete(&mut p, backlog);
+    assert_eq!(
+        (c.retransmitted, c.lost_by_timeout, c.path_failures),
+        (0, 0, 0),
+        "{c:?}"
+    );
 }
 
 /// A route that dies while the peer catches up is still found: the wait for a peer catching up
