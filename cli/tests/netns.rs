@@ -362,7 +362,7 @@ impl Hosts {
         self.run_both(test, &[], client_args)
     }
 
-    /// As `run`, with the server stopped (`SIGSTOP`) for `stall`, then let run for `every`, and
+    /// As `run`, with the server let run for `every`, then stopped (`SIGSTOP`) for `stall`, and
     /// so on while the client runs, as a host that gives it no CPU meanwhile: a stall of its
     /// own, whatever else the machine is doing.
     fn run_stalling_server(
@@ -1159,8 +1159,9 @@ fn a_busy_host_declares_no_path_failed_and_sends_nothing_again() {
     }
 }
 
-/// A peer whose host gives it no CPU for 30 ms at a time (a virtual machine's host may: a run of
-/// this suite once lost a window on every path to such a stall), and which then works through
+/// A peer whose host gives it no CPU for 30 ms at a time (a virtual machine's host may: a CI run
+/// of this suite lost a window on every path with nothing dropped, which stops of 25-40 ms
+/// reproduce here; docs/BENCHMARKS.md), and which then works through
 /// the backlog its socket holds: nothing is sent again and no path is declared failed. (A run
 /// may still declare packets lost whose ACKs then arrive before they go again: one run in about
 /// sixty here declared 208, and sent none again.) The server is stopped for 30 ms in every

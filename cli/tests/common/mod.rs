@@ -184,24 +184,34 @@ pub fn pair_during(
     });
     let mut cargs = vec![server_addr, "-p", port.as_str()];
     cargs.extend_from_slice(client_args);
-    /// Sets the flag when dropped: also when the client's deadline panics, so that `during`
-    /// ends (and lets the server run) whatever happens.
-    struct Done(std::sync::Arc<std::sync::atomic::AtomicBool>);
-    impl Drop for Done {
+    /// The thread beside the pair: dropped (also when the client's deadline panics), it sets the
+    /// flag and joins the thread, so that `during` has ended (and has let the server run) before
+    /// anything else happens.
+    struct Beside {
+        done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+        side: Option<std::thread::JoinHandle<()>>,
+    }
+    impl Drop for Beside {
         fn drop(&mut self) {
-            self.0.store(true, Ordering::Relaxed);
+            self.done.store(true, Ordering::Relaxed);
+            if let Some(side) = self.side.take() {
+                let joined = side.join();
+                if !std::thread::panicking() {
+                    joined.expect("the thread beside the pair");
+                }
+            }
         }
     }
-    let done = Done(std::sync::Arc::new(std::sync::atomic::AtomicBool::new(
-        false,
-    )));
-    let side = {
-        let (flag, pid) = (done.0.clone(), server.id());
-        std::thread::spawn(move || during(pid, &flag))
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let beside = Beside {
+        done: done.clone(),
+        side: Some({
+            let pid = server.id();
+            std::thread::spawn(move || during(pid, &done))
+        }),
     };
     let client = wait(spawn(client_prefix, cargs), Duration::from_secs(180));
-    drop(done);
-    side.join().expect("the thread beside the pair");
+    drop(beside);
     let mut server = wait(server, Duration::from_secs(30));
     early.push_str(&rest.join().unwrap_or_default());
     server.stderr = early.into_bytes();

@@ -90,13 +90,13 @@ const QUIET_PROBES: u8 = 8;
 /// host may be stalled (a software peer whose CPU went to other work), and what it answers when it
 /// runs again tells exactly what was lost. A silence this long may be every route dying at once.
 ///
-/// Thirty-two: 128 ms at the host transport's 4 ms, 10 ms at the default 320 us. A software peer
-/// beside other work on a virtual machine was seen silent for 30-40 ms at a time, and then
-/// takes as long again to work through the backlog its socket holds; eight (32 ms) took such
-/// stalls for loss (a window of needless retransmissions on every path, and a path declared
-/// failed). Waiting longer costs where every route dies at once, and where a path's tail is lost
-/// while nothing else the peer could answer is in flight (or while it catches up): the loss is
-/// declared that much later.
+/// Thirty-two: 128 ms at the host transport's 4 ms, 10.24 ms at the default 320 us. A software
+/// peer stopped for 25-40 ms at a time (a debug build beside busy loops; a CI run's failure with
+/// nothing dropped looked the same) takes about as long again to work through the backlog its
+/// socket holds; eight (32 ms) took such stalls for loss (a window of needless retransmissions
+/// on every path, and a path declared failed). Waiting longer costs where every route dies at
+/// once, and where a path's tail is lost while nothing else the peer could answer is in flight
+/// (or while it catches up): the loss is declared that much later.
 const PEER_SILENCE_RTOS: u64 = 32;
 /// Restarts for host stalls a path's timers take while the path does not move (its oldest packet
 /// in flight stays unresolved, no probe leaves): a host that stalls again and again (an

@@ -284,9 +284,11 @@ impl<const P: usize, const W: usize, const S: usize, const Q: usize, const R: us
     /// found while the peer works through a deep queue). A backlog takes about as long to work
     /// through as the silence that built it (a slow peer's socket buffer holds a whole flight:
     /// 2.8 MB is 28 ms at 0.8 Gb/s), so counting from the start of the silence alone took it for
-    /// loss; a peer that stops making progress while it catches up and falls silent again is
-    /// waited for a wait from when it was last heard. That holds for the probes sent again while
-    /// it catches up too, which leave after it is heard.
+    /// loss. That holds for the probes sent again while it catches up too, which leave after it
+    /// is heard. Only the peer's last silence counts: if it falls silent again, a probe sent
+    /// during the new silence is waited for a wait from when the peer was last heard, while one
+    /// sent before it is waited for as above until the peer is heard again, and then not at all
+    /// (its path is judged by the usual rules).
     pub(super) fn peer_wait_ends(&self, probe_at: Instant) -> Option<Instant> {
         let heard = self.last_heard?;
         let wait = self.cfg.rto_high.saturating_mul(PEER_SILENCE_RTOS);

@@ -308,7 +308,8 @@ pub struct Counters {
     pub overdue_probes: u64,
     /// Tail probes sent again, instead of declaring a path's flight lost, because the whole
     /// peer had been silent (on every path) since the last one left: the peer's host stalled,
-    /// not the path (up to thirty-two long timeouts of silence, or while it catches up).
+    /// not the path (up to thirty-two long timeouts of silence; while it catches up after one,
+    /// up to two such waits from the start of its silence).
     pub peer_silent_waits: u64,
     /// NACKs sent.
     pub nacks_sent: u64,
